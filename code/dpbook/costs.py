@@ -1,0 +1,149 @@
+"""Communication volume and time: the formulas that chapter 4 derives and then measures.
+
+Conventions (the same as nccl-tests and the ZeRO paper):
+
+* ``nbytes`` of a collective is the size of the *full* tensor: the buffer being all-reduced, the
+  output of an all-gather, the input of a reduce-scatter.
+* The volume of a collective is what **one rank sends** (and, by symmetry, receives) under the
+  ring algorithm: ``2(N-1)/N * nbytes`` for AllReduce, ``(N-1)/N * nbytes`` for AllGather and
+  ReduceScatter. The busbw factors of nccl-tests are exactly these ratios.
+* Per-step volumes assume parameter, gradient and communication dtypes are the same and that
+  sizes divide evenly by the number of ranks (FSDP pads otherwise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
+STRATEGIES = ("DDP", "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
+
+
+def _check_world(world_size: int, name: str = "world_size") -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"{name} phải là số nguyên >= 1, nhận được {world_size!r}.")
+
+
+def _check_bytes(nbytes: float, name: str = "nbytes") -> None:
+    if not isinstance(nbytes, (int, float)) or nbytes < 0:
+        raise ValueError(f"{name} phải là số byte không âm, nhận được {nbytes!r}.")
+
+
+def busbw_factor(collective: str, world_size: int) -> float:
+    """nccl-tests' factor from algorithm bandwidth to bus bandwidth (busbw = algbw * factor)."""
+    _check_world(world_size)
+    n = world_size
+    factors = {
+        "all_reduce": 2 * (n - 1) / n,
+        "all_gather": (n - 1) / n,
+        "reduce_scatter": (n - 1) / n,
+        "all_to_all": (n - 1) / n,
+        "broadcast": 1.0,
+        "reduce": 1.0,
+    }
+    if collective not in factors:
+        raise ValueError(f"collective={collective!r} không hợp lệ; chỉ nhận một trong {COLLECTIVES}.")
+    return factors[collective]
+
+
+def ring_bytes(collective: str, nbytes: float, world_size: int) -> float:
+    """Bytes one rank sends (and receives) in a ring ``collective`` on a ``nbytes`` tensor."""
+    _check_bytes(nbytes)
+    if collective in ("broadcast", "reduce"):
+        # A pipelined ring broadcast/reduce moves the whole buffer through every rank once.
+        _check_world(world_size)
+        return float(nbytes) if world_size > 1 else 0.0
+    return busbw_factor(collective, world_size) * nbytes
+
+
+def bus_bandwidth(collective: str, nbytes: float, seconds: float, world_size: int) -> tuple[float, float]:
+    """``(algbw, busbw)`` in bytes/s, as nccl-tests report them, for one timed collective."""
+    if seconds <= 0:
+        raise ValueError(f"seconds phải dương, nhận được {seconds!r}.")
+    algbw = nbytes / seconds
+    return algbw, algbw * busbw_factor(collective, world_size)
+
+
+def alpha_beta_time(collective: str, nbytes: float, world_size: int, alpha: float,
+                    bandwidth: float) -> float:
+    """Ring time in seconds: ``steps * alpha + ring_bytes / bandwidth``.
+
+    ``alpha`` is the latency of one message (s), ``bandwidth`` the link bandwidth (bytes/s). A
+    ring AllReduce takes ``2(N-1)`` steps, AllGather and ReduceScatter ``N-1``.
+    """
+    if alpha < 0 or bandwidth <= 0:
+        raise ValueError(f"cần alpha >= 0 và bandwidth > 0, nhận được {alpha!r}, {bandwidth!r}.")
+    n = world_size
+    steps = {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1,
+             "all_to_all": n - 1, "broadcast": n - 1, "reduce": n - 1}
+    if collective not in steps:
+        raise ValueError(f"collective={collective!r} không hợp lệ; chỉ nhận một trong {COLLECTIVES}.")
+    return steps[collective] * alpha + ring_bytes(collective, nbytes, n) / bandwidth
+
+
+@dataclass(frozen=True)
+class StepVolume:
+    """Bytes one rank sends in one training step, split by collective and pass."""
+
+    all_gather_forward: float = 0.0
+    all_gather_backward: float = 0.0
+    reduce_scatter: float = 0.0
+    all_reduce: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {"total": self.total}
+
+
+def ddp_step_bytes(grad_bytes: float, world_size: int) -> StepVolume:
+    """DDP: one ring AllReduce of all gradients per step (the buckets add up to all of them)."""
+    return StepVolume(all_reduce=ring_bytes("all_reduce", grad_bytes, world_size))
+
+
+def fsdp_step_bytes(param_bytes: float, world_size: int, strategy: str = "FULL_SHARD", *,
+                    root_bytes: float = 0.0, shard_size: int | None = None) -> StepVolume:
+    """FSDP's per-rank volume for one step (forward, backward, gradient reduction).
+
+    ``root_bytes``: parameters that belong to the root unit itself. Both FSDP1 and FSDP2 keep the
+    root unsharded between forward and backward (it is needed again at once), so these bytes
+    skip the backward AllGather.
+    ``shard_size``: for ``HYBRID_SHARD``, the ranks of one shard group (usually GPUs per node);
+    parameters are fully sharded inside it and replicated across ``world_size // shard_size``
+    groups, whose gradient shards are then all-reduced.
+    """
+    _check_bytes(param_bytes, "param_bytes")
+    _check_world(world_size)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} không hợp lệ; chỉ nhận một trong {STRATEGIES}.")
+    if not 0 <= root_bytes <= param_bytes:
+        raise ValueError(f"root_bytes phải nằm trong [0, param_bytes], nhận được {root_bytes!r}.")
+    if strategy in ("DDP", "NO_SHARD"):
+        return ddp_step_bytes(param_bytes, world_size)
+    replicas = 1
+    if strategy == "HYBRID_SHARD":
+        if shard_size is None or world_size % shard_size:
+            raise ValueError(
+                f"HYBRID_SHARD cần shard_size chia hết world_size={world_size}, "
+                f"nhận được shard_size={shard_size!r}."
+            )
+        _check_world(shard_size, "shard_size")
+        replicas = world_size // shard_size
+    group = shard_size if strategy == "HYBRID_SHARD" else world_size
+    regather = 0.0 if strategy == "SHARD_GRAD_OP" else param_bytes - root_bytes
+    return StepVolume(
+        all_gather_forward=ring_bytes("all_gather", param_bytes, group),
+        all_gather_backward=ring_bytes("all_gather", regather, group),
+        reduce_scatter=ring_bytes("reduce_scatter", param_bytes, group),
+        all_reduce=ring_bytes("all_reduce", param_bytes / group, replicas),
+    )
+
+
+def naive_all_reduce_bytes(nbytes: float, world_size: int) -> float:
+    """Bytes rank 0 sends (and, as much, receives) when every rank sends its whole buffer to
+    rank 0, which sums and sends the result back: ``(N-1) * nbytes``, growing with N."""
+    _check_bytes(nbytes)
+    _check_world(world_size)
+    return (world_size - 1) * nbytes

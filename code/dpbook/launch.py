@@ -1,0 +1,313 @@
+"""Start ``world_size`` ranks from a notebook or a script and bring their results back.
+
+``spawn(fn, *args, world_size=None, backend="auto", timeout=120.0, output="prefix")`` runs
+``fn(rank, world_size, *args, **kwargs)`` in fresh processes (start method ``spawn``), each with
+its process group already initialised, and returns the per-rank return values in rank order.
+
+Design choices, and why:
+
+* Rendezvous goes through a ``TCPStore`` that the *caller* owns on a port chosen by the OS
+  (port 0), so no port is ever hard-coded and concurrent launches (tests in parallel, two
+  notebooks) never collide.
+* Results travel as ``pickle.dumps`` bytes rather than through ``torch.multiprocessing``'s
+  shared-memory reducers: a rank may exit right after sending, and shared-memory handles of a
+  dead process are not reliably readable by the parent.
+* The caller polls its children with a deadline, so a rank that raises or hangs is reported
+  and every child is terminated (SIGTERM, then SIGKILL); children also ask the kernel to kill
+  them if the caller dies (``PR_SET_PDEATHSIG``), so no orphan survives a crashed notebook.
+* Children's ``print`` output is forwarded line by line to the caller, which prints it: in
+  Jupyter it then lands in the cell that launched the run, prefixed with the rank.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import queue as queue_mod
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+BACKENDS = ("auto", "gloo", "nccl")
+OUTPUTS = ("prefix", "rank0", "none")
+_GRACE_S = 3.0  # how long a terminated child gets before SIGKILL
+_POLL_S = 0.05
+
+
+class RankError(RuntimeError):
+    """A rank raised an exception; ``rank``, ``exc_type`` and ``remote_traceback`` tell which."""
+
+    def __init__(self, rank: int, exc_type: str, message: str, remote_traceback: str):
+        self.rank = rank
+        self.exc_type = exc_type
+        self.remote_traceback = remote_traceback
+        super().__init__(
+            f"Rank {rank} gặp lỗi {exc_type}: {message}\n"
+            f"--- Traceback trong rank {rank} ---\n{remote_traceback.rstrip()}"
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``spawn`` will do: the backend, the device type and the number of ranks."""
+
+    backend: str
+    device_type: str
+    world_size: int
+    gpus_found: int
+
+    def describe(self) -> str:
+        """One Vietnamese sentence a page can print to say which mode it runs in."""
+        if self.backend == "nccl":
+            return (
+                f"Chế độ GPU: backend NCCL, {self.world_size} process, mỗi process một GPU "
+                f"(cuda:0 … cuda:{self.world_size - 1}; máy có {self.gpus_found} GPU)."
+            )
+        reason = (
+            "máy không có GPU"
+            if self.gpus_found == 0
+            else f"máy chỉ có {self.gpus_found} GPU, không đủ cho {self.world_size} process"
+        )
+        return (
+            f"Chế độ CPU: backend gloo, {self.world_size} process chạy trên CPU ({reason}); "
+            f"cùng mã nguồn sẽ tự chuyển sang NCCL trên máy đủ GPU."
+        )
+
+
+def plan(world_size: int | None = None, backend: str = "auto") -> Plan:
+    """Resolve ``world_size=None`` and ``backend="auto"`` against the GPUs of this machine."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} không hợp lệ; chỉ nhận một trong {BACKENDS}.")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if world_size is None:
+        world_size = gpus if gpus >= 2 else 2
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size phải là số nguyên >= 1, nhận được {world_size!r}.")
+    if backend == "nccl" and gpus < world_size:
+        raise ValueError(
+            f"backend='nccl' cần một GPU cho mỗi rank: yêu cầu {world_size} GPU nhưng chỉ tìm "
+            f"thấy {gpus}. Hãy giảm world_size hoặc dùng backend='gloo' (CPU)."
+        )
+    if backend == "auto":
+        backend = "nccl" if gpus >= world_size else "gloo"
+    return Plan(backend, "cuda" if backend == "nccl" else "cpu", world_size, gpus)
+
+
+def describe_mode(world_size: int | None = None, backend: str = "auto") -> str:
+    """Shortcut for ``plan(world_size, backend).describe()``."""
+    return plan(world_size, backend).describe()
+
+
+def device() -> torch.device:
+    """The device of the calling rank: ``cuda:<local rank>`` under NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def check_importable(fn: Callable) -> None:
+    """Refuse, before any process starts, a function that child processes could not import."""
+    if not callable(fn):
+        raise TypeError(f"fn phải là một hàm, nhận được {type(fn).__name__}.")
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", getattr(fn, "__name__", "?"))
+    why = None
+    if module in (None, "__main__", "__mp_main__"):
+        why = "được định nghĩa trong notebook hoặc trong script đang chạy (module __main__)"
+    elif "<lambda>" in qualname or "<locals>" in qualname:
+        why = "là lambda hoặc hàm lồng trong hàm khác"
+    if why is None:
+        try:
+            obj = sys.modules.get(module) or __import__(module, fromlist=["_"])
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        except Exception:  # noqa: BLE001 - any failure means the child cannot import it either
+            why = f"không tìm lại được qua đường dẫn import {module}.{qualname}"
+    if why is not None:
+        raise ValueError(
+            f"Không thể chạy hàm {qualname!r} trên nhiều process: hàm này {why}. "
+            "Start method 'spawn' tạo process mới từ đầu và gửi hàm sang bằng pickle, tức là chỉ "
+            "gửi tên module và tên hàm; process con phải import lại được hàm theo tên đó. "
+            "Cách sửa: đặt hàm worker ở cấp cao nhất của một module import được (ví dụ trong "
+            "gói dpbook, hoặc một file .py cạnh notebook) rồi import nó vào notebook."
+        )
+
+
+class _Forward:
+    """A text stream that sends each complete line to the caller through the queue."""
+
+    def __init__(self, q, rank: int, stream: str):
+        self._q, self._rank, self._stream, self._buf = q, rank, stream, ""
+
+    def write(self, text: str) -> int:
+        self._buf += text
+        *lines, self._buf = self._buf.split("\n")
+        for line in lines:
+            self._q.put(("out", self._rank, self._stream, line))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._buf:
+            self._q.put(("out", self._rank, self._stream, self._buf))
+            self._buf = ""
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _child(rank, world_size, backend, host, port, timeout, output, q, fn, args, kwargs):
+    _die_with_parent()
+    forward = output == "prefix" or (output == "rank0" and rank == 0)
+    if forward:
+        sys.stdout, sys.stderr = _Forward(q, rank, "stdout"), _Forward(q, rank, "stderr")
+    else:
+        sys.stdout = sys.stderr = open(os.devnull, "w")
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=str(world_size))
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        else:
+            # Ranks share the CPU: without this each would start one thread per core.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        store = dist.TCPStore(host, port, world_size, is_master=False,
+                              timeout=datetime.timedelta(seconds=timeout))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout))
+        try:
+            result = fn(rank, world_size, *args, **kwargs)
+        finally:
+            dist.destroy_process_group()
+        payload = pickle.dumps(result)
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
+        tb = traceback.format_exc()
+        sys.stdout.flush(), sys.stderr.flush()
+        q.put(("error", rank, type(exc).__name__, str(exc), tb))
+        return
+    sys.stdout.flush(), sys.stderr.flush()
+    q.put(("result", rank, payload))
+
+
+def _terminate(procs) -> None:
+    """SIGTERM every live child, SIGKILL those still alive after a grace period, reap all."""
+    procs = [p for p in procs if p.pid is not None]  # a start may have failed midway
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + _GRACE_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+
+
+def _print_line(rank: int, stream: str, line: str, prefix: bool) -> None:
+    out = sys.stderr if stream == "stderr" else sys.stdout
+    print(f"[rank {rank}] {line}" if prefix else line, file=out, flush=True)
+
+
+def spawn(fn: Callable, *args: Any, world_size: int | None = None, backend: str = "auto",
+          timeout: float = 120.0, output: str = "prefix", **kwargs: Any) -> list:
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` ranks; return their results.
+
+    ``output``: ``"prefix"`` prints every rank's output, other ranks' lines prefixed with
+    ``[rank r]`` (rank 0's lines appear as they are); ``"rank0"`` prints only rank 0's output;
+    ``"none"`` prints nothing. Raises ``RankError`` if a rank fails, ``TimeoutError`` if the
+    ranks have not all finished after ``timeout`` seconds; in both cases no child survives.
+    """
+    if output not in OUTPUTS:
+        raise ValueError(f"output={output!r} không hợp lệ; chỉ nhận một trong {OUTPUTS}.")
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout phải là số giây dương, nhận được {timeout!r}.")
+    check_importable(fn)
+    p = plan(world_size, backend)
+    n = p.world_size
+    store = dist.TCPStore("127.0.0.1", 0, n, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [
+        ctx.Process(target=_child, daemon=True, name=f"dpbook-rank{r}",
+                    args=(r, n, p.backend, "127.0.0.1", store.port, timeout, output, q, fn,
+                          args, kwargs))
+        for r in range(n)
+    ]
+    try:
+        for proc in procs:
+            proc.start()
+        return _collect(procs, q, n, timeout, output)
+    finally:
+        _terminate(procs)
+        q.close()
+        q.join_thread()
+        del store
+
+
+def _collect(procs, q, n, timeout, output) -> list:
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    while len(results) < n:
+        try:
+            msg = q.get(timeout=_POLL_S)
+        except queue_mod.Empty:
+            _check_exits(procs, results, q, output)
+            if time.monotonic() > deadline:
+                running = sorted(r for r in range(n) if r not in results)
+                raise TimeoutError(
+                    f"Quá thời gian chờ {timeout:g} s: rank {running} vẫn đang chạy (có thể "
+                    "đang chờ một phép toán tập thể mà rank khác không gọi). Các process đã "
+                    "bị dừng; hãy kiểm tra mọi rank có gọi cùng chuỗi collective không."
+                ) from None
+            continue
+        _handle(msg, results, output)
+    return [results[r] for r in range(n)]
+
+
+def _handle(msg, results, output) -> None:
+    kind, rank = msg[0], msg[1]
+    if kind == "out":
+        _print_line(rank, msg[2], msg[3], prefix=(output == "prefix" and rank != 0))
+    elif kind == "result":
+        results[rank] = pickle.loads(msg[2])
+    else:
+        raise RankError(rank, msg[2], msg[3], msg[4])
+
+
+def _check_exits(procs, results, q, output) -> None:
+    """A child that died without reporting (segfault, os._exit, OOM kill) is an error too."""
+    for rank, proc in enumerate(procs):
+        if rank in results or proc.exitcode is None:
+            continue
+        # It may have reported just before exiting: drain what it sent first.
+        try:
+            while True:
+                _handle(q.get(timeout=0.5), results, output)
+        except queue_mod.Empty:
+            pass
+        if rank not in results:
+            code = proc.exitcode
+            how = f"tín hiệu {signal.Signals(-code).name}" if code < 0 else f"mã thoát {code}"
+            raise RankError(rank, "ProcessExited",
+                            f"process của rank {rank} kết thúc ({how}) mà không trả kết quả",
+                            "(không có traceback: process đã chết trước khi kịp báo lỗi)")

@@ -1,0 +1,133 @@
+"""The VRAM ledger: bytes of training state per rank, by strategy, precision and optimizer.
+
+Conventions, following the ZeRO paper (Rajbhandari et al., 2020):
+
+* ``precision="fp32"``: parameters 4 B, gradients 4 B, optimizer state K B per parameter
+  (Adam: K = 8, the two moments; SGD with momentum: K = 4; plain SGD: K = 0).
+* ``precision="mixed"``: the paper's 2 + 2 + K with K = 12 for Adam: bf16/fp16 parameters and
+  gradients, and an fp32 master copy of the weights (4 B) that lives with the optimizer state,
+  next to the two fp32 moments; 16 B per parameter in all.
+* ``precision="mixed_fp32_grads"``: the same, but gradients are accumulated in fp32 (4 B), as
+  when gradient accumulation runs in full precision: 18 B per parameter.
+
+Sharding divides terms by the number of ranks that share them:
+
+========================  ==========  =========  ================
+strategy                  parameters  gradients  optimizer state
+========================  ==========  =========  ================
+DDP, NO_SHARD             full        full       full
+ZeRO-1                    full        full       / N
+ZeRO-2                    full        / N        / N
+ZeRO-3, FULL_SHARD        / N         / N        / N
+SHARD_GRAD_OP             see phase   / N        / N
+HYBRID_SHARD              / S         / S        / S   (S = shard group size)
+========================  ==========  =========  ================
+
+``phase="rest"`` is what a rank holds between steps (after ``optimizer.step()``): FSDP's
+SHARD_GRAD_OP has resharded its parameters by then (/ N). ``phase="step"`` is what it holds
+during forward and backward, where SHARD_GRAD_OP keeps full parameters (that is its ZeRO-2
+trade: no AllGather in backward), and FULL_SHARD additionally materialises the full
+parameters of the unit being computed (``largest_unit_params``).
+
+Activations are not state: they depend on batch size, sequence length and checkpointing, so
+the caller passes them as ``activation_bytes`` (the ledger does not guess them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+STRATEGIES = ("DDP", "NO_SHARD", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FULL_SHARD", "SHARD_GRAD_OP",
+              "HYBRID_SHARD")
+PRECISIONS = ("fp32", "mixed", "mixed_fp32_grads")
+OPTIMIZERS = ("adam", "adamw", "sgd", "sgd_momentum")
+PHASES = ("rest", "step")
+
+# (param bytes, grad bytes, master-weight bytes) per parameter
+_PRECISION_BYTES = {"fp32": (4, 4, 0), "mixed": (2, 2, 4), "mixed_fp32_grads": (2, 4, 4)}
+# fp32 optimizer state per parameter, excluding master weights
+_OPTIMIZER_BYTES = {"adam": 8, "adamw": 8, "sgd": 0, "sgd_momentum": 4}
+# which of (params, grads, optimizer) are sharded, for each strategy
+_SHARDED = {
+    "DDP": (False, False, False), "NO_SHARD": (False, False, False),
+    "ZeRO-1": (False, False, True), "ZeRO-2": (False, True, True),
+    "ZeRO-3": (True, True, True), "FULL_SHARD": (True, True, True),
+    "SHARD_GRAD_OP": (True, True, True), "HYBRID_SHARD": (True, True, True),
+}
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """Bytes per rank. ``optimizer`` includes fp32 master weights in mixed precision."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float = 0.0
+
+    @property
+    def state(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.state + self.activations
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {"total": self.total}
+
+
+def bytes_per_param(precision: str = "fp32", optimizer: str = "adam") -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer-state incl. master weights) bytes for one parameter."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} không hợp lệ; chỉ nhận một trong {PRECISIONS}.")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r} không hợp lệ; chỉ nhận một trong {OPTIMIZERS}.")
+    p, g, master = _PRECISION_BYTES[precision]
+    return p, g, master + _OPTIMIZER_BYTES[optimizer]
+
+
+def vram_ledger(num_params: int, world_size: int = 1, strategy: str = "DDP", *,
+                precision: str = "fp32", optimizer: str = "adam", phase: str = "rest",
+                shard_size: int | None = None, largest_unit_params: int = 0,
+                activation_bytes: float = 0.0) -> Ledger:
+    """Bytes of parameters, gradients and optimizer state on one rank."""
+    _validate(num_params, world_size, strategy, phase, shard_size, largest_unit_params,
+              activation_bytes)
+    bp, bg, bo = bytes_per_param(precision, optimizer)
+    n = shard_size if strategy == "HYBRID_SHARD" else world_size
+    shard_p, shard_g, shard_o = _SHARDED[strategy]
+    params = num_params * bp / (n if shard_p else 1)
+    if phase == "step" and strategy == "SHARD_GRAD_OP":
+        params = num_params * bp
+    elif phase == "step" and strategy in ("FULL_SHARD", "ZeRO-3", "HYBRID_SHARD"):
+        params += largest_unit_params * bp * (n - 1) / n
+    return Ledger(params=params,
+                  grads=num_params * bg / (n if shard_g else 1),
+                  optimizer=num_params * bo / (n if shard_o else 1),
+                  activations=float(activation_bytes))
+
+
+def _validate(num_params, world_size, strategy, phase, shard_size, largest_unit_params,
+              activation_bytes) -> None:
+    if isinstance(num_params, bool) or not isinstance(num_params, int) or num_params <= 0:
+        raise ValueError(f"num_params phải là số nguyên dương, nhận được {num_params!r}.")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size phải là số nguyên >= 1, nhận được {world_size!r}.")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} không hợp lệ; chỉ nhận một trong {STRATEGIES}.")
+    if phase not in PHASES:
+        raise ValueError(f"phase={phase!r} không hợp lệ; chỉ nhận một trong {PHASES}.")
+    if strategy == "HYBRID_SHARD" and (
+        not isinstance(shard_size, int) or shard_size < 1 or world_size % shard_size
+    ):
+        raise ValueError(
+            f"HYBRID_SHARD cần shard_size là ước số nguyên dương của world_size={world_size} "
+            f"(thường là số GPU mỗi máy), nhận được {shard_size!r}."
+        )
+    if not 0 <= largest_unit_params <= num_params:
+        raise ValueError(
+            f"largest_unit_params phải nằm trong [0, num_params], nhận được {largest_unit_params!r}."
+        )
+    if activation_bytes < 0:
+        raise ValueError(f"activation_bytes phải không âm, nhận được {activation_bytes!r}.")

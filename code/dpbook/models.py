@@ -1,0 +1,52 @@
+"""Small models for the chapter. They know nothing about parallelism (see ``train.apply_*``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    """Linear + ReLU: the unit that FSDP wraps (one shard unit per block)."""
+
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.linear = nn.Linear(in_dim, out_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(x))
+
+
+class MLP(nn.Module):
+    """``depth`` blocks then a linear head. The head belongs to the root module on purpose:
+    it shows how FSDP treats parameters that no inner unit owns."""
+
+    def __init__(self, in_dim: int = 16, hidden: int = 32, depth: int = 3, out_dim: int = 4):
+        super().__init__()
+        for name, value in (("in_dim", in_dim), ("hidden", hidden), ("depth", depth),
+                            ("out_dim", out_dim)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} phải là số nguyên dương, nhận được {value!r}.")
+        dims = [in_dim] + [hidden] * depth
+        self.blocks = nn.ModuleList(Block(a, b) for a, b in zip(dims, dims[1:]))
+        self.head = nn.Linear(hidden, out_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def num_params(model: nn.Module) -> int:
+    """Number of parameters of an unwrapped model."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_mlp(seed: int = 0, **kwargs) -> MLP:
+    """An ``MLP`` with weights fixed by ``seed``, identical on every rank that asks for it."""
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        return MLP(**kwargs)
+    finally:
+        torch.random.set_rng_state(gen_state)

@@ -1,0 +1,127 @@
+"""Apply a data-parallel wrapper to a model, by verb: ``apply_ddp``, ``apply_fsdp``, ``apply_fsdp2``.
+
+Models stay ignorant of parallelism; these functions take a plain model on any device, move it
+to the rank's device (``launch.device()``) and wrap it. They must run inside an initialised
+process group (for instance in a function started by ``launch.spawn``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .launch import device
+from .models import Block
+
+METHODS = ("ddp", "fsdp1", "fsdp2")
+FSDP1_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How to wrap: ``method`` and its options, validated once."""
+
+    method: str = "ddp"
+    strategy: str = "FULL_SHARD"  # fsdp1 only
+    reshard_after_forward: bool | None = None  # fsdp2 only; None: PyTorch's default
+    shard_size: int | None = None  # ranks per shard group for hybrid sharding (fsdp1 and fsdp2)
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r} không hợp lệ; chỉ nhận một trong {METHODS}.")
+        if self.method == "fsdp1" and self.strategy not in FSDP1_STRATEGIES:
+            raise ValueError(
+                f"strategy={self.strategy!r} không hợp lệ; chỉ nhận một trong {FSDP1_STRATEGIES}."
+            )
+        if self.method == "fsdp1" and self.strategy == "HYBRID_SHARD" and self.shard_size is None:
+            raise ValueError("HYBRID_SHARD cần shard_size (số rank trong một nhóm shard).")
+
+    @property
+    def label(self) -> str:
+        if self.method == "fsdp1":
+            return f"FSDP1 {self.strategy}"
+        if self.method == "fsdp2":
+            mesh = f", HSDP {self.shard_size}" if self.shard_size else ""
+            return f"FSDP2 reshard_after_forward={self.reshard_after_forward}{mesh}"
+        return "DDP"
+
+
+def _mesh(shard_size: int):
+    """A 2-D mesh (replicate, shard): shard inside groups of ``shard_size`` ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    if world % shard_size:
+        raise ValueError(f"shard_size={shard_size} phải chia hết world_size={world}.")
+    return init_device_mesh(device().type, (world // shard_size, shard_size),
+                            mesh_dim_names=("replicate", "shard"))
+
+
+def apply_ddp(model: nn.Module, **ddp_kwargs) -> nn.Module:
+    """``DistributedDataParallel`` on this rank's device (one device per process)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dev = device()
+    model = model.to(dev)
+    return DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None, **ddp_kwargs)
+
+
+def apply_fsdp(model: nn.Module, strategy: str = "FULL_SHARD", shard_size: int | None = None,
+               **fsdp_kwargs) -> nn.Module:
+    """FSDP1 with one unit per ``Block`` (plus the root, which keeps what no block owns)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    Parallel("fsdp1", strategy=strategy, shard_size=shard_size)  # validates
+    if strategy == "HYBRID_SHARD":
+        fsdp_kwargs["device_mesh"] = _mesh(shard_size)
+    dev = device()
+    fsdp_kwargs.setdefault("auto_wrap_policy", ModuleWrapPolicy({Block}))
+    with warnings.catch_warnings():
+        # NO_SHARD is deprecated in favour of DDP; the chapter uses it on purpose, to compare.
+        warnings.filterwarnings("ignore", message=".*NO_SHARD.*", category=FutureWarning)
+        return FSDP(model.to(dev), sharding_strategy=ShardingStrategy[strategy],
+                    device_id=dev, **fsdp_kwargs)
+
+
+def apply_fsdp2(model: nn.Module, reshard_after_forward: bool | None = None,
+                shard_size: int | None = None, **fully_shard_kwargs) -> nn.Module:
+    """FSDP2: ``fully_shard`` each ``Block``, then the root (in place; returns the model).
+
+    ``reshard_after_forward=None`` is PyTorch's default: reshard every block after forward
+    (ZeRO-3), but keep the root unsharded, since backward needs it first. ``True`` reshards the
+    root too; ``False`` keeps every unit unsharded until backward (ZeRO-2-like).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    model = model.to(device())
+    if shard_size is not None:
+        fully_shard_kwargs["mesh"] = _mesh(shard_size)
+    for module in model.modules():
+        if isinstance(module, Block):
+            fully_shard(module, reshard_after_forward=reshard_after_forward, **fully_shard_kwargs)
+    fully_shard(model, reshard_after_forward=reshard_after_forward, **fully_shard_kwargs)
+    return model
+
+
+def apply_parallel(model: nn.Module, par: Parallel) -> nn.Module:
+    """Wrap ``model`` as ``par`` says."""
+    if par.method == "ddp":
+        return apply_ddp(model)
+    if par.method == "fsdp1":
+        return apply_fsdp(model, par.strategy, par.shard_size)
+    return apply_fsdp2(model, par.reshard_after_forward, par.shard_size)
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+               y: torch.Tensor) -> float:
+    """One step of mean-squared-error regression; returns this rank's loss."""
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()

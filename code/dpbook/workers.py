@@ -1,0 +1,65 @@
+"""Small rank functions for pages and tests: a real collective, and the ways a rank goes wrong.
+
+They live in the package because ``spawn`` can only run functions that child processes import
+by name (a function defined in a notebook cannot be sent to a spawned process).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from .launch import device
+
+
+def all_reduce_rank_ids(rank: int, world_size: int, numel: int = 4) -> dict:
+    """Each rank contributes ``[rank+1] * numel``; returns what it sent and what it got back."""
+    sent = torch.full((numel,), float(rank + 1), device=device())
+    got = sent.clone()
+    dist.all_reduce(got)
+    return {
+        "rank": rank,
+        "backend": dist.get_backend(),
+        "device": str(got.device),
+        "sent": sent.cpu().tolist(),
+        "received": got.cpu().tolist(),
+    }
+
+
+def say_hello(rank: int, world_size: int) -> int:
+    print(f"xin chào từ rank {rank}/{world_size}")
+    return rank
+
+
+def fail_on_rank(rank: int, world_size: int, bad_rank: int = 1) -> int:
+    """Rank ``bad_rank`` raises; the others wait in a collective that will never complete."""
+    if rank == bad_rank:
+        raise ValueError(f"lỗi cố ý ở rank {rank}")
+    dist.barrier()
+    return rank
+
+
+def hang_on_rank(rank: int, world_size: int, stuck_rank: int = 1) -> int:
+    """Every rank but ``stuck_rank`` joins an all-reduce that ``stuck_rank`` never calls."""
+    if rank == stuck_rank:
+        time.sleep(3600)
+    t = torch.ones(1, device=device())
+    dist.all_reduce(t)
+    return rank
+
+
+def exit_abruptly(rank: int, world_size: int, bad_rank: int = 1) -> int:
+    """Rank ``bad_rank`` dies without raising (as after a segfault or an OOM kill)."""
+    import os
+
+    if rank == bad_rank:
+        os._exit(3)
+    return rank
+
+
+def child_pid(rank: int, world_size: int) -> int:
+    import os
+
+    return os.getpid()
