@@ -40,6 +40,7 @@ BACKENDS = ("auto", "gloo", "nccl")
 OUTPUTS = ("prefix", "rank0", "none")
 _GRACE_S = 3.0  # how long a terminated child gets before SIGKILL
 _POLL_S = 0.05
+_SETTLE_S = 1.0  # after a first error, time allowed for the other ranks' reports
 
 
 class RankError(RuntimeError):
@@ -175,6 +176,18 @@ def _die_with_parent() -> None:
         pass
 
 
+def _is_secondary(exc: BaseException) -> bool:
+    """A communication error caused by another rank going away, not a root cause."""
+    text = str(exc)
+    return isinstance(exc, dist.DistError) or "gloo/transport" in text or "NCCL" in text
+
+
+def _report_error(q, rank: int, exc: BaseException) -> None:
+    sys.stdout.flush(), sys.stderr.flush()
+    q.put(("error", rank, type(exc).__name__, str(exc), traceback.format_exc(),
+           time.time(), _is_secondary(exc)))
+
+
 def _child(rank, world_size, backend, host, port, timeout, output, q, fn, args, kwargs):
     _die_with_parent()
     forward = output == "prefix" or (output == "rank0" and rank == 0)
@@ -194,16 +207,18 @@ def _child(rank, world_size, backend, host, port, timeout, output, q, fn, args, 
                               timeout=datetime.timedelta(seconds=timeout))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
-        try:
-            result = fn(rank, world_size, *args, **kwargs)
-        finally:
-            dist.destroy_process_group()
-        payload = pickle.dumps(result)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
-        tb = traceback.format_exc()
-        sys.stdout.flush(), sys.stderr.flush()
-        q.put(("error", rank, type(exc).__name__, str(exc), tb))
+        _report_error(q, rank, exc)
         return
+    try:
+        payload = pickle.dumps(fn(rank, world_size, *args, **kwargs))
+    except BaseException as exc:  # noqa: BLE001
+        # Report before tearing down the group: peers blocked in a collective fail right after,
+        # and the caller uses the time stamps to tell the cause from its consequences.
+        _report_error(q, rank, exc)
+        return
+    finally:
+        dist.destroy_process_group()
     sys.stdout.flush(), sys.stderr.flush()
     q.put(("result", rank, payload))
 
@@ -266,48 +281,69 @@ def spawn(fn: Callable, *args: Any, world_size: int | None = None, backend: str 
 
 def _collect(procs, q, n, timeout, output) -> list:
     results: dict[int, Any] = {}
+    errors: list[tuple] = []
     deadline = time.monotonic() + timeout
-    while len(results) < n:
+    settle = None  # after a first error, how long to wait for the others' reports
+    while len(results) + len(errors) < n:
+        if errors and settle is None:
+            settle = time.monotonic() + _SETTLE_S
+        if settle is not None and time.monotonic() > settle:
+            break
         try:
             msg = q.get(timeout=_POLL_S)
         except queue_mod.Empty:
-            _check_exits(procs, results, q, output)
-            if time.monotonic() > deadline:
+            _check_exits(procs, results, errors, q, output)
+            if not errors and time.monotonic() > deadline:
                 running = sorted(r for r in range(n) if r not in results)
                 raise TimeoutError(
-                    f"Quá thời gian chờ {timeout:g} s: rank {running} vẫn đang chạy (có thể "
-                    "đang chờ một phép toán tập thể mà rank khác không gọi). Các process đã "
-                    "bị dừng; hãy kiểm tra mọi rank có gọi cùng chuỗi collective không."
+                    f"Quá thời gian chờ {timeout:g} s: rank {', '.join(map(str, running))} vẫn "
+                    "đang chạy (có thể đang chờ một phép toán tập thể mà rank khác không gọi). "
+                    "Các process đã bị dừng; hãy kiểm tra mọi rank có gọi cùng chuỗi collective "
+                    "không."
                 ) from None
             continue
-        _handle(msg, results, output)
+        _handle(msg, results, errors, output)
+    if errors:
+        raise _root_cause(errors)
     return [results[r] for r in range(n)]
 
 
-def _handle(msg, results, output) -> None:
+def _root_cause(errors: list[tuple]) -> RankError:
+    """The error that is not a consequence of another: a non-communication error first, then
+    the earliest."""
+    rank, exc_type, message, tb, _, _ = min(errors, key=lambda e: (e[5], e[4]))
+    others = sorted({e[0] for e in errors} - {rank})
+    if others:
+        message += f" (sau đó rank {', '.join(map(str, others))} cũng dừng vì lỗi này)"
+    return RankError(rank, exc_type, message, tb)
+
+
+def _handle(msg, results, errors, output) -> None:
     kind, rank = msg[0], msg[1]
     if kind == "out":
         _print_line(rank, msg[2], msg[3], prefix=(output == "prefix" and rank != 0))
     elif kind == "result":
         results[rank] = pickle.loads(msg[2])
     else:
-        raise RankError(rank, msg[2], msg[3], msg[4])
+        errors.append((rank, *msg[2:]))
 
 
-def _check_exits(procs, results, q, output) -> None:
+def _check_exits(procs, results, errors, q, output) -> None:
     """A child that died without reporting (segfault, os._exit, OOM kill) is an error too."""
     for rank, proc in enumerate(procs):
-        if rank in results or proc.exitcode is None:
+        reported = rank in results or any(e[0] == rank for e in errors)
+        if reported or proc.exitcode is None:
             continue
         # It may have reported just before exiting: drain what it sent first.
         try:
             while True:
-                _handle(q.get(timeout=0.5), results, output)
+                _handle(q.get(timeout=0.5), results, errors, output)
         except queue_mod.Empty:
             pass
-        if rank not in results:
+        if rank not in results and not any(e[0] == rank for e in errors):
             code = proc.exitcode
             how = f"tín hiệu {signal.Signals(-code).name}" if code < 0 else f"mã thoát {code}"
-            raise RankError(rank, "ProcessExited",
-                            f"process của rank {rank} kết thúc ({how}) mà không trả kết quả",
-                            "(không có traceback: process đã chết trước khi kịp báo lỗi)")
+            errors.append((rank, "ProcessExited",
+                           f"process của rank {rank} kết thúc ({how}) mà không trả kết quả",
+                           "(không có traceback: process đã chết trước khi kịp báo lỗi)",
+                           time.time(), False))

@@ -1,0 +1,37 @@
+# Two commands for readers and CI: `make book` and `make test`. Both set up .venv on demand.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.dpbook-installed
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+# 2 workers suit the 2-core reference machine; override with `make test JOBS=8`.
+JOBS ?= 2
+
+.PHONY: book test gpu-check setup clean
+
+setup: $(STAMP)
+
+# torch first, pinned by constraints.txt: on a CPU-only machine pip finds the local CPU wheel,
+# on a GPU box PyPI's CUDA build of the same version. Installing the package afterwards under
+# the same constraint keeps pip from replacing torch with another build.
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "Cài đặt môi trường vào $(VENV) (log: $(VENV)/install.log)…"
+	@{ $(BIN)/python -m pip install -c constraints.txt "torch" \
+	   && $(BIN)/python -m pip install -c constraints.txt -e . ; } > $(VENV)/install.log 2>&1 \
+	   || { tail -n 40 $(VENV)/install.log; exit 1; }
+	@touch $@
+
+book: $(STAMP)
+	$(BIN)/jupyter-book build . -W --keep-going
+	@echo "Sách HTML: $(CURDIR)/_build/html/index.html"
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax
+
+gpu-check: $(STAMP)
+	$(BIN)/python -m dpbook.gpu_check
+
+clean:
+	rm -rf _build .pytest_cache

@@ -1,0 +1,46 @@
+"""In a real Jupyter kernel: a hung launch times out, no rank survives, the next cell works."""
+
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+pytestmark = pytest.mark.distributed
+
+HANG = """
+from dpbook import launch, workers
+try:
+    launch.spawn(workers.hang_on_rank, world_size=2, backend="gloo", timeout=5)
+except TimeoutError as err:
+    print("TIMEOUT", err)
+"""
+CHECK = """
+import psutil
+ranks = [c for c in psutil.Process().children(recursive=True)
+         if "spawn_main" in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE]
+print("ORPHANS", len(ranks))
+print("AGAIN", launch.spawn(workers.all_reduce_rank_ids, world_size=2, backend="gloo")[1]["received"])
+"""
+
+
+def _run(client, code):
+    out = []
+
+    def hook(msg):
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            out.append("ERROR " + msg["content"]["ename"])
+
+    reply = client.execute_interactive(code, timeout=120, output_hook=hook)
+    assert reply["content"]["status"] == "ok", "".join(out)
+    return "".join(out)
+
+
+def test_kernel_survives_a_hang():
+    km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60)
+    try:
+        assert "TIMEOUT" in _run(kc, HANG)
+        out = _run(kc, CHECK)
+        assert "ORPHANS 0" in out and "AGAIN [3.0, 3.0, 3.0, 3.0]" in out
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
