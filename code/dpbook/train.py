@@ -125,3 +125,46 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tens
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.item()
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded parameters under their original names (no ``module.`` prefix, no FSDP
+    flat parameters), on every rank, on the CPU; works for a plain, DDP, FSDP1 or FSDP2 model."""
+    if not dist.is_initialized():
+        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {k: v.detach().cpu().clone() for k, v in sd.items()}
+
+
+def fit(rank: int = 0, world_size: int = 1, par: Parallel | None = None, steps: int = 5,
+        batch_size: int = 8, lr: float = 0.05, model_kwargs: dict | None = None,
+        dtype: torch.dtype = torch.float64) -> dict:
+    """Train a small MLP with SGD on synthetic data; usable as a ``launch.spawn`` rank function.
+
+    Each step takes the next global batch of ``batch_size * world_size`` samples; rank ``r``
+    trains on its ``r``-th slice. With ``par=None`` (one process, ``world_size=1``) the same
+    code is the single-process reference: same initial weights, same global batches. Returns
+    the per-step losses of this rank and the full final weights.
+    """
+    from .data import synthetic_regression
+    from .models import build_mlp
+
+    if par is None and world_size != 1:
+        raise ValueError("par=None (không song song) chỉ dùng với world_size=1.")
+    model = build_mlp(**(model_kwargs or {})).to(dtype)
+    wrapped = model if par is None else apply_parallel(model, par)
+    dev = next(wrapped.parameters()).device
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=lr)
+    global_batch = batch_size * world_size
+    ds = synthetic_regression(steps * global_batch, model.blocks[0].linear.in_features,
+                              model.head.out_features)
+    x_all, y_all = (t.to(dtype) for t in ds.tensors)
+    losses = []
+    for step in range(steps):
+        start = step * global_batch + rank * batch_size
+        x = x_all[start:start + batch_size].to(dev)
+        y = y_all[start:start + batch_size].to(dev)
+        losses.append(train_step(wrapped, optimizer, x, y))
+    return {"losses": losses, "state": full_state_dict(wrapped)}
