@@ -77,10 +77,7 @@ class Plan:
             if self.gpus_found == 0
             else f"máy chỉ có {self.gpus_found} GPU, không đủ cho {self.world_size} process"
         )
-        return (
-            f"Chế độ CPU: backend gloo, {self.world_size} process chạy trên CPU ({reason}); "
-            f"cùng mã nguồn sẽ tự chuyển sang NCCL trên máy đủ GPU."
-        )
+        return f"Chế độ CPU: backend gloo, {self.world_size} process trên CPU ({reason})."
 
 
 def plan(world_size: int | None = None, backend: str = "auto") -> Plan:
