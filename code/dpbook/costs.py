@@ -94,9 +94,6 @@ class StepVolume:
     def total(self) -> float:
         return sum(getattr(self, f.name) for f in fields(self))
 
-    def as_dict(self) -> dict[str, float]:
-        return {f.name: getattr(self, f.name) for f in fields(self)} | {"total": self.total}
-
 
 def ddp_step_bytes(grad_bytes: float, world_size: int) -> StepVolume:
     """DDP: one ring AllReduce of all gradients per step (the buckets add up to all of them)."""

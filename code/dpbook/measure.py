@@ -96,12 +96,6 @@ class CommLog(TorchDispatchMode):
                 sums[r.collective] += r.sent_bytes
         return StepVolume(**sums)
 
-    def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for r in self.records:
-            out[r.collective] = out.get(r.collective, 0) + 1
-        return out
-
 
 def local_bytes(t: torch.Tensor) -> int:
     """Bytes this rank stores for ``t``: the local shard of a DTensor, else the tensor."""

@@ -35,7 +35,7 @@ the caller passes them as ``activation_bytes`` (the ledger does not guess them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 STRATEGIES = ("DDP", "NO_SHARD", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FULL_SHARD", "SHARD_GRAD_OP",
               "HYBRID_SHARD")
@@ -72,9 +72,6 @@ class Ledger:
     @property
     def total(self) -> float:
         return self.state + self.activations
-
-    def as_dict(self) -> dict[str, float]:
-        return {f.name: getattr(self, f.name) for f in fields(self)} | {"total": self.total}
 
 
 def bytes_per_param(precision: str = "fp32", optimizer: str = "adam") -> tuple[int, int, int]:
