@@ -18,6 +18,7 @@ ranks = [c for c in psutil.Process().children(recursive=True)
          if "spawn_main" in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE]
 print("ORPHANS", len(ranks))
 print("AGAIN", launch.spawn(workers.all_reduce_rank_ids, world_size=2, backend="gloo")[1]["received"])
+launch.spawn(workers.say_hello, world_size=2, backend="gloo")
 """
 
 
@@ -41,6 +42,8 @@ def test_kernel_survives_a_hang():
         assert "TIMEOUT" in _run(kc, HANG)
         out = _run(kc, CHECK)
         assert "ORPHANS 0" in out and "AGAIN [3.0, 3.0, 3.0, 3.0]" in out
+        # the ranks' prints reach the cell that launched them, rank 1's prefixed
+        assert "xin chào từ rank 0/2" in out and "[rank 1] xin chào từ rank 1/2" in out
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
