@@ -15,23 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from .checks import int_at_least, non_negative, one_of
+
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
 STRATEGIES = ("DDP", "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 
 
-def _check_world(world_size: int, name: str = "world_size") -> None:
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"{name} phải là số nguyên >= 1, nhận được {world_size!r}.")
-
-
-def _check_bytes(nbytes: float, name: str = "nbytes") -> None:
-    if not isinstance(nbytes, (int, float)) or nbytes < 0:
-        raise ValueError(f"{name} phải là số byte không âm, nhận được {nbytes!r}.")
-
-
 def busbw_factor(collective: str, world_size: int) -> float:
     """nccl-tests' factor from algorithm bandwidth to bus bandwidth (busbw = algbw * factor)."""
-    _check_world(world_size)
+    int_at_least("world_size", world_size)
     n = world_size
     factors = {
         "all_reduce": 2 * (n - 1) / n,
@@ -41,17 +33,16 @@ def busbw_factor(collective: str, world_size: int) -> float:
         "broadcast": 1.0,
         "reduce": 1.0,
     }
-    if collective not in factors:
-        raise ValueError(f"collective={collective!r} không hợp lệ; chỉ nhận một trong {COLLECTIVES}.")
+    one_of("collective", collective, factors)
     return factors[collective]
 
 
 def ring_bytes(collective: str, nbytes: float, world_size: int) -> float:
     """Bytes one rank sends (and receives) in a ring ``collective`` on a ``nbytes`` tensor."""
-    _check_bytes(nbytes)
+    non_negative("nbytes", nbytes)
     if collective in ("broadcast", "reduce"):
         # A pipelined ring broadcast/reduce moves the whole buffer through every rank once.
-        _check_world(world_size)
+        int_at_least("world_size", world_size)
         return float(nbytes) if world_size > 1 else 0.0
     return busbw_factor(collective, world_size) * nbytes
 
@@ -76,8 +67,7 @@ def alpha_beta_time(collective: str, nbytes: float, world_size: int, alpha: floa
     n = world_size
     steps = {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1,
              "all_to_all": n - 1, "broadcast": n - 1, "reduce": n - 1}
-    if collective not in steps:
-        raise ValueError(f"collective={collective!r} không hợp lệ; chỉ nhận một trong {COLLECTIVES}.")
+    one_of("collective", collective, steps)
     return steps[collective] * alpha + ring_bytes(collective, nbytes, n) / bandwidth
 
 
@@ -111,10 +101,9 @@ def fsdp_step_bytes(param_bytes: float, world_size: int, strategy: str = "FULL_S
     parameters are fully sharded inside it and replicated across ``world_size // shard_size``
     groups, whose gradient shards are then all-reduced.
     """
-    _check_bytes(param_bytes, "param_bytes")
-    _check_world(world_size)
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r} không hợp lệ; chỉ nhận một trong {STRATEGIES}.")
+    non_negative("param_bytes", param_bytes)
+    int_at_least("world_size", world_size)
+    one_of("strategy", strategy, STRATEGIES)
     if not 0 <= root_bytes <= param_bytes:
         raise ValueError(f"root_bytes phải nằm trong [0, param_bytes], nhận được {root_bytes!r}.")
     if strategy in ("DDP", "NO_SHARD"):
@@ -126,7 +115,7 @@ def fsdp_step_bytes(param_bytes: float, world_size: int, strategy: str = "FULL_S
                 f"HYBRID_SHARD cần shard_size chia hết world_size={world_size}, "
                 f"nhận được shard_size={shard_size!r}."
             )
-        _check_world(shard_size, "shard_size")
+        int_at_least("shard_size", shard_size)
         replicas = world_size // shard_size
     group = shard_size if strategy == "HYBRID_SHARD" else world_size
     regather = 0.0 if strategy == "SHARD_GRAD_OP" else param_bytes - root_bytes
@@ -141,6 +130,6 @@ def fsdp_step_bytes(param_bytes: float, world_size: int, strategy: str = "FULL_S
 def naive_all_reduce_bytes(nbytes: float, world_size: int) -> float:
     """Bytes rank 0 sends (and, as much, receives) when every rank sends its whole buffer to
     rank 0, which sums and sends the result back: ``(N-1) * nbytes``, growing with N."""
-    _check_bytes(nbytes)
-    _check_world(world_size)
+    non_negative("nbytes", nbytes)
+    int_at_least("world_size", world_size)
     return (world_size - 1) * nbytes

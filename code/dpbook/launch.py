@@ -36,6 +36,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .checks import int_at_least, one_of
+
 BACKENDS = ("auto", "gloo", "nccl")
 OUTPUTS = ("prefix", "rank0", "none")
 _GRACE_S = 3.0  # how long a terminated child gets before SIGKILL
@@ -82,13 +84,11 @@ class Plan:
 
 def plan(world_size: int | None = None, backend: str = "auto") -> Plan:
     """Resolve ``world_size=None`` and ``backend="auto"`` against the GPUs of this machine."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} không hợp lệ; chỉ nhận một trong {BACKENDS}.")
+    one_of("backend", backend, BACKENDS)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if world_size is None:
         world_size = gpus if gpus >= 2 else 2
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size phải là số nguyên >= 1, nhận được {world_size!r}.")
+    int_at_least("world_size", world_size)
     if backend == "nccl" and gpus < world_size:
         raise ValueError(
             f"backend='nccl' cần một GPU cho mỗi rank: yêu cầu {world_size} GPU nhưng chỉ tìm "
@@ -248,8 +248,7 @@ def spawn(fn: Callable, *args: Any, world_size: int | None = None, backend: str 
     ``"none"`` prints nothing. Raises ``RankError`` if a rank fails, ``TimeoutError`` if the
     ranks have not all finished after ``timeout`` seconds; in both cases no child survives.
     """
-    if output not in OUTPUTS:
-        raise ValueError(f"output={output!r} không hợp lệ; chỉ nhận một trong {OUTPUTS}.")
+    one_of("output", output, OUTPUTS)
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout phải là số giây dương, nhận được {timeout!r}.")
     check_importable(fn)

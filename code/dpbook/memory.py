@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .checks import int_at_least, non_negative, one_of
+
 STRATEGIES = ("DDP", "NO_SHARD", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FULL_SHARD", "SHARD_GRAD_OP",
               "HYBRID_SHARD")
 PRECISIONS = ("fp32", "mixed", "mixed_fp32_grads")
@@ -76,10 +78,8 @@ class Ledger:
 
 def bytes_per_param(precision: str = "fp32", optimizer: str = "adam") -> tuple[int, int, int]:
     """(parameter, gradient, optimizer-state incl. master weights) bytes for one parameter."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} không hợp lệ; chỉ nhận một trong {PRECISIONS}.")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer={optimizer!r} không hợp lệ; chỉ nhận một trong {OPTIMIZERS}.")
+    one_of("precision", precision, PRECISIONS)
+    one_of("optimizer", optimizer, OPTIMIZERS)
     p, g, master = _PRECISION_BYTES[precision]
     return p, g, master + _OPTIMIZER_BYTES[optimizer]
 
@@ -107,14 +107,10 @@ def vram_ledger(num_params: int, world_size: int = 1, strategy: str = "DDP", *,
 
 def _validate(num_params, world_size, strategy, phase, shard_size, largest_unit_params,
               activation_bytes) -> None:
-    if isinstance(num_params, bool) or not isinstance(num_params, int) or num_params <= 0:
-        raise ValueError(f"num_params phải là số nguyên dương, nhận được {num_params!r}.")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size phải là số nguyên >= 1, nhận được {world_size!r}.")
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r} không hợp lệ; chỉ nhận một trong {STRATEGIES}.")
-    if phase not in PHASES:
-        raise ValueError(f"phase={phase!r} không hợp lệ; chỉ nhận một trong {PHASES}.")
+    int_at_least("num_params", num_params)
+    int_at_least("world_size", world_size)
+    one_of("strategy", strategy, STRATEGIES)
+    one_of("phase", phase, PHASES)
     if strategy == "HYBRID_SHARD" and (
         not isinstance(shard_size, int) or shard_size < 1 or world_size % shard_size
     ):
@@ -126,5 +122,4 @@ def _validate(num_params, world_size, strategy, phase, shard_size, largest_unit_
         raise ValueError(
             f"largest_unit_params phải nằm trong [0, num_params], nhận được {largest_unit_params!r}."
         )
-    if activation_bytes < 0:
-        raise ValueError(f"activation_bytes phải không âm, nhận được {activation_bytes!r}.")
+    non_negative("activation_bytes", activation_bytes)

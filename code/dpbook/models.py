@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .checks import int_at_least
+
 
 class Block(nn.Module):
     """Linear + ReLU: the unit that FSDP wraps (one shard unit per block)."""
@@ -25,8 +27,7 @@ class MLP(nn.Module):
         super().__init__()
         for name, value in (("in_dim", in_dim), ("hidden", hidden), ("depth", depth),
                             ("out_dim", out_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} phải là số nguyên dương, nhận được {value!r}.")
+            int_at_least(name, value)
         dims = [in_dim] + [hidden] * depth
         self.blocks = nn.ModuleList(Block(a, b) for a, b in zip(dims, dims[1:]))
         self.head = nn.Linear(hidden, out_dim)

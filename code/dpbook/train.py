@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .checks import one_of
 from .launch import device
 from .models import Block
 
@@ -31,12 +32,9 @@ class Parallel:
     shard_size: int | None = None  # ranks per shard group for hybrid sharding (fsdp1 and fsdp2)
 
     def __post_init__(self):
-        if self.method not in METHODS:
-            raise ValueError(f"method={self.method!r} không hợp lệ; chỉ nhận một trong {METHODS}.")
-        if self.method == "fsdp1" and self.strategy not in FSDP1_STRATEGIES:
-            raise ValueError(
-                f"strategy={self.strategy!r} không hợp lệ; chỉ nhận một trong {FSDP1_STRATEGIES}."
-            )
+        one_of("method", self.method, METHODS)
+        if self.method == "fsdp1":
+            one_of("strategy", self.strategy, FSDP1_STRATEGIES)
         if self.method == "fsdp1" and self.strategy == "HYBRID_SHARD" and self.shard_size is None:
             raise ValueError("HYBRID_SHARD cần shard_size (số rank trong một nhóm shard).")
 
