@@ -1,0 +1,164 @@
+"""The static player: every frame as inline SVG plus a few lines of JavaScript, nothing else.
+
+One ``Player`` renders to one self-contained HTML fragment (``to_html``) or page
+(``standalone_html``). It needs no network, no kernel and no library: the same output works in
+the built book opened from disk, in JupyterLab, in classic Notebook and from a USB stick.
+
+Controls: first / previous / play-pause / next / last, a step slider, a speed menu, a
+presentation switch (larger text and strokes for a projector) and full screen. Keyboard, when
+the player has focus (click it): left/right arrows, space, Home/End, ``f`` (full screen), ``p``
+(presentation). Several players on one page are independent: each has its own id and its
+script only touches elements inside its own root.
+"""
+
+from __future__ import annotations
+
+import html
+import uuid
+from dataclasses import dataclass
+
+from ..checks import int_at_least
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One step of an animation: an ``<svg>`` element and its caption (plain text)."""
+
+    svg: str
+    caption: str
+
+
+_CSS = """
+.dpb-player{font-family:"Liberation Sans",Arial,"Noto Sans","DejaVu Sans",sans-serif;
+  border:1px solid #bbb;border-radius:8px;padding:10px;margin:12px 0;background:#fff;
+  color:#111;outline:none;max-width:100%}
+.dpb-player:focus-visible,.dpb-player:focus{box-shadow:0 0 0 3px #56B4E9}
+.dpb-title{font-weight:bold;font-size:1.05em;margin-bottom:6px}
+.dpb-stage svg{width:100%;height:auto;display:block}
+.dpb-frame[hidden]{display:none}
+.dpb-caption{min-height:3em;margin:8px 0;font-size:1em;line-height:1.4}
+.dpb-controls{display:flex;flex-wrap:wrap;gap:6px;align-items:center}
+.dpb-controls button,.dpb-controls select{font-size:0.95em;padding:4px 10px;border:1px solid #888;
+  border-radius:5px;background:#f4f4f4;color:#111;cursor:pointer}
+.dpb-controls input[type=range]{flex:1;min-width:120px}
+.dpb-step{font-variant-numeric:tabular-nums;min-width:5.5em;text-align:right}
+.dpb-player svg .t{font-size:16px}
+.dpb-player svg .t-small{font-size:13px}
+.dpb-player svg .t-big{font-size:20px}
+.dpb-player svg .stroke{stroke-width:1.5px}
+.dpb-player svg .arrow{stroke-width:3px}
+.dpb-present .dpb-caption{font-size:1.5em}
+.dpb-present .dpb-title{font-size:1.5em}
+.dpb-present .dpb-controls button,.dpb-present .dpb-controls select{font-size:1.3em}
+.dpb-present svg .t{font-size:22px}
+.dpb-present svg .t-small{font-size:18px}
+.dpb-present svg .t-big{font-size:28px}
+.dpb-present svg .stroke{stroke-width:2.5px}
+.dpb-present svg .arrow{stroke-width:5px}
+.dpb-player:fullscreen{display:flex;flex-direction:column;justify-content:center;padding:2vh 3vw}
+.dpb-player:fullscreen .dpb-stage svg{max-height:72vh}
+"""
+
+# Kept short on purpose: it only shows one frame, and moves the index on a timer or on input.
+_JS = """
+(function(){
+  var root=document.getElementById("%(id)s"); if(!root) return;
+  var frames=root.querySelectorAll(".dpb-frame"), caps=root.querySelectorAll(".dpb-cap");
+  var cap=root.querySelector(".dpb-caption"), slider=root.querySelector(".dpb-slider");
+  var step=root.querySelector(".dpb-step"), play=root.querySelector(".dpb-play");
+  var speed=root.querySelector(".dpb-speed"), n=frames.length, i=0, timer=null;
+  function show(k){ i=Math.max(0,Math.min(n-1,k));
+    for(var j=0;j<n;j++){ frames[j].hidden=(j!==i); }
+    cap.textContent=caps[i].textContent; slider.value=i; step.textContent=(i+1)+" / "+n; }
+  function stop(){ if(timer){clearInterval(timer);timer=null;} play.textContent="▶ Phát"; }
+  function start(){ if(i>=n-1) show(0);
+    timer=setInterval(function(){ if(i>=n-1){stop();} else {show(i+1);} },
+                      %(interval)d/parseFloat(speed.value));
+    play.textContent="⏸ Dừng"; }
+  function toggle(){ if(timer) stop(); else start(); }
+  function full(){ if(document.fullscreenElement){document.exitFullscreen();}
+    else if(root.requestFullscreen){root.requestFullscreen();} }
+  function present(){ root.classList.toggle("dpb-present"); }
+  root.querySelector(".dpb-first").onclick=function(){stop();show(0);};
+  root.querySelector(".dpb-prev").onclick=function(){stop();show(i-1);};
+  root.querySelector(".dpb-next").onclick=function(){stop();show(i+1);};
+  root.querySelector(".dpb-last").onclick=function(){stop();show(n-1);};
+  root.querySelector(".dpb-full").onclick=full;
+  root.querySelector(".dpb-present-btn").onclick=present;
+  play.onclick=toggle;
+  slider.oninput=function(){stop();show(parseInt(slider.value,10));};
+  speed.onchange=function(){ if(timer){stop();start();} };
+  root.addEventListener("click",function(e){ if(e.target.tagName!=="SELECT") root.focus(); });
+  root.addEventListener("keydown",function(e){
+    var k=e.key, used=true;
+    if(k==="ArrowRight"){stop();show(i+1);} else if(k==="ArrowLeft"){stop();show(i-1);}
+    else if(k===" "||k==="Spacebar"){toggle();} else if(k==="Home"){stop();show(0);}
+    else if(k==="End"){stop();show(n-1);} else if(k==="f"){full();} else if(k==="p"){present();}
+    else used=false;
+    if(used){e.preventDefault();e.stopPropagation();} });
+  show(0);
+})();
+"""
+
+
+class Player:
+    """A sequence of frames and the controls to step through them."""
+
+    def __init__(self, frames: list[Frame], title: str, presentation: bool = False,
+                 interval_ms: int = 1200):
+        if not frames:
+            raise ValueError("Player cần ít nhất một khung hình (frames rỗng).")
+        int_at_least("interval_ms", interval_ms, 50)
+        self.frames, self.title = list(frames), title
+        self.presentation, self.interval_ms = presentation, interval_ms
+        self.id = "dpb-" + uuid.uuid4().hex[:10]
+
+    def to_html(self) -> str:
+        """A fragment (style, markup, script) that can sit anywhere in a page."""
+        last = len(self.frames) - 1
+        stage = "".join(
+            f'<div class="dpb-frame"{"" if k == 0 else " hidden"}>{f.svg}</div>'
+            for k, f in enumerate(self.frames)
+        )
+        caps = "".join(f'<span class="dpb-cap">{html.escape(f.caption)}</span>'
+                       for f in self.frames)
+        cls = "dpb-player dpb-present" if self.presentation else "dpb-player"
+        speeds = "".join(f'<option value="{v}"{" selected" if v == "1" else ""}>{v}×</option>'
+                         for v in ("0.5", "1", "2", "4"))
+        return (
+            f"<style>{_CSS}</style>"
+            f'<div id="{self.id}" class="{cls}" tabindex="0" role="group" '
+            f'aria-label="{html.escape(self.title)}">'
+            f'<div class="dpb-title">{html.escape(self.title)}</div>'
+            f'<div class="dpb-stage">{stage}</div>'
+            f'<div hidden>{caps}</div>'
+            f'<div class="dpb-caption" aria-live="polite">{html.escape(self.frames[0].caption)}</div>'
+            '<div class="dpb-controls">'
+            '<button type="button" class="dpb-first" title="Về đầu (Home)">⏮</button>'
+            '<button type="button" class="dpb-prev" title="Lùi một bước (←)">◀</button>'
+            '<button type="button" class="dpb-play" title="Phát / dừng (phím cách)">▶ Phát</button>'
+            '<button type="button" class="dpb-next" title="Tiến một bước (→)">▶|</button>'
+            '<button type="button" class="dpb-last" title="Đến cuối (End)">⏭</button>'
+            f'<input type="range" class="dpb-slider" min="0" max="{last}" value="0" '
+            'aria-label="Bước">'
+            f'<span class="dpb-step">1 / {last + 1}</span>'
+            f'<select class="dpb-speed" aria-label="Tốc độ">{speeds}</select>'
+            '<button type="button" class="dpb-present-btn" title="Chế độ trình chiếu (p)">'
+            "Trình chiếu</button>"
+            '<button type="button" class="dpb-full" title="Toàn màn hình (f)">⛶ Toàn màn hình</button>'
+            "</div></div>"
+            f"<script>{_JS % {'id': self.id, 'interval': self.interval_ms}}</script>"
+        )
+
+    def standalone_html(self) -> str:
+        """A complete page, for the lecture hall: opens from disk in any browser."""
+        return (
+            '<!DOCTYPE html><html lang="vi"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{html.escape(self.title)}</title>"
+            "<style>body{margin:2vh 3vw;background:#fff}</style></head><body>"
+            f"{self.to_html()}</body></html>"
+        )
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
