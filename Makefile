@@ -8,7 +8,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # 2 workers suit the 2-core reference machine; override with `make test JOBS=8`.
 JOBS ?= 2
 
-.PHONY: book test gpu-check setup clean
+.PHONY: book test gpu-check setup clean browser
 
 setup: $(STAMP)
 
@@ -27,7 +27,18 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build . -W --keep-going
 	@echo "Sách HTML: $(CURDIR)/_build/html/index.html"
 
-test: $(STAMP)
+# The browser tests drive Debian's Chromium through Playwright (Playwright cannot download its
+# own browser here). As root on Debian it is installed on demand; elsewhere the tests say why
+# they are skipped.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "Cài Chromium (gói Debian) cho kiểm thử trình duyệt…"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+	      > $(VENV)/apt.log 2>&1 || { tail -n 20 $(VENV)/apt.log; exit 1; }; \
+	  else echo "Không có Chromium và không cài được: các kiểm thử trình duyệt sẽ bị bỏ qua."; fi; }
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax
 
 gpu-check: $(STAMP)

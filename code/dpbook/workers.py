@@ -63,3 +63,11 @@ def child_pid(rank: int, world_size: int) -> int:
     import os
 
     return os.getpid()
+
+
+def all_reduce_values(rank: int, world_size: int, inputs: list[list[float]]) -> list[float]:
+    """All-reduce ``inputs[rank]`` (float64) and return the result: the real collective that the
+    ring animation simulates, on the same numbers."""
+    t = torch.tensor(inputs[rank], dtype=torch.float64, device=device())
+    dist.all_reduce(t)
+    return t.cpu().tolist()

@@ -70,11 +70,11 @@ _JS = """
   function show(k){ i=Math.max(0,Math.min(n-1,k));
     for(var j=0;j<n;j++){ frames[j].hidden=(j!==i); }
     cap.textContent=caps[i].textContent; slider.value=i; step.textContent=(i+1)+" / "+n; }
-  function stop(){ if(timer){clearInterval(timer);timer=null;} play.textContent="▶ Phát"; }
+  function stop(){ if(timer){clearInterval(timer);timer=null;} play.textContent="► Phát"; }
   function start(){ if(i>=n-1) show(0);
     timer=setInterval(function(){ if(i>=n-1){stop();} else {show(i+1);} },
                       %(interval)d/parseFloat(speed.value));
-    play.textContent="⏸ Dừng"; }
+    play.textContent="■ Dừng"; }
   function toggle(){ if(timer) stop(); else start(); }
   function full(){ if(document.fullscreenElement){document.exitFullscreen();}
     else if(root.requestFullscreen){root.requestFullscreen();} }
@@ -134,18 +134,18 @@ class Player:
             f'<div hidden>{caps}</div>'
             f'<div class="dpb-caption" aria-live="polite">{html.escape(self.frames[0].caption)}</div>'
             '<div class="dpb-controls">'
-            '<button type="button" class="dpb-first" title="Về đầu (Home)">⏮</button>'
+            '<button type="button" class="dpb-first" title="Về đầu (Home)">|◀</button>'
             '<button type="button" class="dpb-prev" title="Lùi một bước (←)">◀</button>'
-            '<button type="button" class="dpb-play" title="Phát / dừng (phím cách)">▶ Phát</button>'
-            '<button type="button" class="dpb-next" title="Tiến một bước (→)">▶|</button>'
-            '<button type="button" class="dpb-last" title="Đến cuối (End)">⏭</button>'
+            '<button type="button" class="dpb-play" title="Phát / dừng (phím cách)">► Phát</button>'
+            '<button type="button" class="dpb-next" title="Tiến một bước (→)">▶</button>'
+            '<button type="button" class="dpb-last" title="Đến cuối (End)">▶|</button>'
             f'<input type="range" class="dpb-slider" min="0" max="{last}" value="0" '
             'aria-label="Bước">'
             f'<span class="dpb-step">1 / {last + 1}</span>'
             f'<select class="dpb-speed" aria-label="Tốc độ">{speeds}</select>'
             '<button type="button" class="dpb-present-btn" title="Chế độ trình chiếu (p)">'
             "Trình chiếu</button>"
-            '<button type="button" class="dpb-full" title="Toàn màn hình (f)">⛶ Toàn màn hình</button>'
+            '<button type="button" class="dpb-full" title="Toàn màn hình (f)">Toàn màn hình</button>'
             "</div></div>"
             f"<script>{_JS % {'id': self.id, 'interval': self.interval_ms}}</script>"
         )
