@@ -465,3 +465,9 @@ def measured_frame(results: dict, world_size: int = 2) -> LedgerFrame:
                "(phải).")
     return LedgerFrame(f"Đo được so với dự đoán: N = {world_size}, fp32, Adam", world_size,
                        tuple(bars), (), caption)
+
+
+def measured_player(results: dict, world_size: int = 2, presentation: bool = False) -> Player:
+    """One frame: ``measured_frame`` in the static player."""
+    f = measured_frame(results, world_size)
+    return Player([Frame(render(f), f.caption)], title=f.title, presentation=presentation)

@@ -42,9 +42,9 @@ _CSS = """
   border-radius:5px;background:#f4f4f4;color:#111;cursor:pointer}
 .dpb-controls input[type=range]{flex:1;min-width:120px}
 .dpb-step{font-variant-numeric:tabular-nums;min-width:5.5em;text-align:right}
-.dpb-player svg .t{font-size:16px}
-.dpb-player svg .t-small{font-size:13px}
-.dpb-player svg .t-big{font-size:20px}
+.dpb-player svg .t{font-size:17px}
+.dpb-player svg .t-small{font-size:14px}
+.dpb-player svg .t-big{font-size:21px}
 .dpb-player svg .stroke{stroke-width:1.5px}
 .dpb-player svg .arrow{stroke-width:3px}
 .dpb-present .dpb-caption{font-size:1.5em}

@@ -176,13 +176,15 @@ def _counters(svg, f: RingFrame, x, y) -> None:
         if f.sent[r] > 0:
             svg.rect(x + 60, yy, f.sent[r] * scale, row * 0.6, fill=PALETTE["orange"])
         svg.text(x + 50, yy + row * 0.3, f"r{r}", cls="t-small", anchor="end")
-    yy = y + 20 + n * row
-    svg.text(x, yy, f"Ring: 2(N−1)/N · S = {_fmt_bytes(ring_total)} mỗi rank", cls="t-small",
-             anchor="start")
-    svg.rect(x + 60, yy + 14, ring_total * scale, 14, fill=PALETTE["orange"])
-    svg.text(x, yy + 48, f"Ngây thơ (gom về rank 0): rank 0 gửi (N−1) · S = {_fmt_bytes(naive)}",
-             cls="t-small", anchor="start")
-    svg.rect(x + 60, yy + 62, naive * scale, 14, fill=PALETTE["blue"])
+    yy = y + 25 + n * row
+    svg.text(x, yy, "Ring, mỗi rank gửi tổng cộng", cls="t-small", anchor="start")
+    svg.text(x, yy + 22, f"2(N−1)/N · S = {_fmt_bytes(ring_total)}", cls="t-small",
+             anchor="start", weight="bold")
+    svg.rect(x + 60, yy + 36, ring_total * scale, 14, fill=PALETTE["orange"])
+    svg.text(x, yy + 72, "Ngây thơ (gom về rank 0 rồi gửi trả):", cls="t-small", anchor="start")
+    svg.text(x, yy + 94, f"rank 0 gửi (N−1) · S = {_fmt_bytes(naive)}", cls="t-small",
+             anchor="start", weight="bold")
+    svg.rect(x + 60, yy + 108, naive * scale, 14, fill=PALETTE["blue"])
 
 
 def ring_player(world_size: int = 4, nbytes: float = 100e6, presentation: bool = False) -> Player:
