@@ -14,11 +14,15 @@ from .player import Player
 
 def catalogue() -> list[tuple[str, str, Callable[[bool], Player]]]:
     """(file stem, Vietnamese title, factory(presentation)) in the order the chapter teaches."""
-    from . import ring
+    from . import buckets, ring
 
     return [
         ("ring-allreduce-4", "Ring AllReduce với 4 rank", lambda p: ring.ring_player(4, presentation=p)),
         ("ring-allreduce-8", "Ring AllReduce với 8 rank", lambda p: ring.ring_player(8, presentation=p)),
+        ("ddp-buckets", "Bucket của DDP và chồng lấp tính toán – giao tiếp",
+         lambda p: buckets.build_player(0.1, presentation=p)),
+        ("ddp-buckets-so-sanh", "Vì sao dùng bucket: so sánh ba cách AllReduce",
+         lambda p: buckets.comparison_player(0.1, presentation=p)),
     ]
 
 

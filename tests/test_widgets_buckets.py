@@ -1,0 +1,341 @@
+"""DDP buckets: the assignment against PyTorch (its function and a real DDP run), the timeline
+invariants, closed-form times, frames, SVG and rebuild time."""
+
+import itertools
+import random
+import time
+import unicodedata
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+import torch.distributed as dist
+from dpbook import costs
+from dpbook.launch import spawn
+from dpbook.widgets import buckets as B
+from torch.nn.parallel import distributed as ddp_mod
+
+MIB = 1024 * 1024
+
+
+def _torch_assignment(params, limits, order):
+    """What DDP's reducer computes when it rebuilds its buckets (tensors in gradient-ready
+    order, their original indices as ``tensor_indices``)."""
+    dtypes = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16}
+    tensors = [torch.empty(params[i].numel, dtype=dtypes[params[i].dtype]) for i in order]
+    sparse = [p.sparse for p in params]
+    idx, lim = dist._compute_bucket_assignment_by_size(tensors, limits, sparse, list(order))
+    return [list(b) for b in idx], list(lim)
+
+
+def _ours(params, limits, order):
+    buckets = B.assign_buckets(params, limits, order)
+    return [list(b.params) for b in buckets], [b.limit for b in buckets]
+
+
+# ------------------------------------------------------------------------------ caps
+
+
+@pytest.mark.parametrize("cap, first", [(None, None), (0.1, None), (0.5, None), (25, None),
+                                        (0.1, 0.02), (None, 0.3), (2.5, 4.0)])
+def test_cap_limits_follow_ddp_bucket_config(cap, first):
+    cfg = ddp_mod._BucketCapacityConfig.create(
+        bucket_cap_mb=cap, bucket_cap_mb_list=None if first is None else
+        [first, ddp_mod._DEFAULT_BUCKET_CAP_MB if cap is None else cap],
+        use_python_reducer=False)
+    limits = B.cap_limits(cap, first)
+    if cfg.per_bucket_bytes_caps:  # bucket_cap_mb_list: the reducer packs with this list
+        assert limits == list(cfg.per_bucket_bytes_caps)
+    else:  # otherwise the reducer rebuilds with [first_bucket_bytes_cap, bucket_bytes_cap]
+        assert limits == [cfg.first_bucket_bytes_cap, cfg.bucket_bytes_cap]
+
+
+def test_cap_defaults_are_torchs():
+    assert B.DEFAULT_BUCKET_CAP_MB == ddp_mod._DEFAULT_BUCKET_CAP_MB == 25
+    assert B.DEFAULT_FIRST_BUCKET_MB * MIB == dist._DEFAULT_FIRST_BUCKET_BYTES == MIB
+    assert B.cap_limits() == [MIB, 25 * MIB]
+    assert B.cap_limits(0.1) == [104857, 104857]  # int(0.1 MiB): DDP truncates
+
+
+@pytest.mark.parametrize("bad", [0, -1, "0.1", True])
+def test_cap_limits_refuse_bad_caps(bad):
+    with pytest.raises(ValueError, match="bucket_cap_mb phải là số MB dương"):
+        B.cap_limits(bad)
+    with pytest.raises(ValueError, match="first_bucket_cap_mb phải là số MB dương"):
+        B.cap_limits(0.1, bad)
+
+
+# ------------------------------------------------------------------------------ assignment
+
+
+def _p(*numels, dtype="float32"):
+    return [B.Param(f"p{i}", f"l{i}", n, dtype) for i, n in enumerate(numels)]
+
+
+def test_assignment_closed_form():
+    # 40, 40, 40, 20 bytes; reverse order 3,2,1,0. First limit 50: 20+40 = 60 >= 50 closes
+    # [3, 2]; then limit 100: 40+40 = 80 < 100 stays open until the end.
+    buckets = B.assign_buckets(_p(10, 10, 10, 5), [50, 100])
+    assert [b.params for b in buckets] == [(3, 2), (1, 0)]
+    assert [b.nbytes for b in buckets] == [60, 80] and [b.limit for b in buckets] == [50, 100]
+    # the tensor that crosses the cap stays in the bucket it crossed, however large
+    assert [b.params for b in B.assign_buckets(_p(1000, 1, 1), [12])] == [(2, 1, 0)]
+    # reaching the cap exactly closes the bucket
+    assert [b.params for b in B.assign_buckets(_p(2, 1, 1), [8])] == [(2, 1), (0,)]
+
+
+def test_assignment_refuses_bad_input():
+    with pytest.raises(ValueError, match="limits phải là danh sách số byte nguyên dương"):
+        B.assign_buckets(_p(1, 2), [0])
+    with pytest.raises(ValueError, match="order phải là một hoán vị"):
+        B.assign_buckets(_p(1, 2), [8], [0, 0])
+
+
+@pytest.mark.parametrize("cap", [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, None])
+@pytest.mark.parametrize("first", [None, 0.01, 0.05])
+def test_demo_model_assignment_equals_torch(cap, first):
+    params, order = B.demo_params()
+    limits = B.cap_limits(cap, first)
+    for o in (list(order), list(range(len(params)))[::-1]):
+        assert _ours(params, limits, o) == _torch_assignment(params, limits, o)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_sizes_and_orders_equal_torch(seed):
+    rng = random.Random(seed)
+    params = _p(*(rng.choice([1, 7, 64, 300, 4096, 20000]) for _ in range(rng.randint(1, 30))))
+    order = list(range(len(params)))
+    rng.shuffle(order)
+    limits = [rng.choice([4, 100, 1000, 50000])]
+    limits += [rng.choice([64, 2000, 80000])] * rng.randint(0, 2)
+    assert _ours(params, limits, order) == _torch_assignment(params, limits, order)
+
+
+def test_dtypes_are_bucketed_apart_and_sparse_alone():
+    params = [B.Param("a", "a", 10), B.Param("b", "b", 10, "float64"), B.Param("c", "c", 3),
+              B.Param("d", "d", 5, "float64"), B.Param("e", "e", 4, sparse=True),
+              B.Param("f", "f", 9, "float16")]
+    for limits in ([40, 8], [1], [10**6], [50, 100]):
+        for order in ([5, 4, 3, 2, 1, 0], [0, 2, 1, 4, 3, 5]):
+            ours, lim = _ours(params, limits, order)
+            theirs, their_lim = _torch_assignment(params, limits, order)
+            # PyTorch lists the buckets still open at the end from a hash map: compare as sets
+            assert sorted(zip(map(tuple, ours), lim)) == sorted(zip(map(tuple, theirs), their_lim))
+            n_closed = sum(1 for b in B.assign_buckets(params, limits, order)
+                           if b.nbytes >= b.limit or params[b.params[0]].sparse)
+            assert ours[:n_closed] == theirs[:n_closed]
+            for b in ours:  # one dtype per bucket
+                assert len({params[i].dtype for i in b}) == 1
+
+
+def test_ready_order_is_not_exactly_reverse_registration():
+    params, order = B.demo_params()
+    names = [params[i].name for i in order]
+    assert names[:2] == ["head.bias", "head.weight"] and names[-1] == "inp.weight"
+    # LayerNorm gives its weight gradient before its bias: DDP follows that order
+    assert names.index("b2.norm.weight") < names.index("b2.norm.bias")
+    assert list(order) != list(range(len(params)))[::-1]
+
+
+def test_model_params_follow_ddp_order():
+    model = B.build_model()
+    assert [p.name for p in B.model_params(model)] == [n for n, _ in model.named_parameters()]
+    model.b0.norm.weight.requires_grad_(False)  # DDP leaves frozen parameters out
+    assert "b0.norm.weight" not in [p.name for p in B.model_params(model)]
+
+
+# ------------------------------------------------------------------------------ timeline
+
+
+def test_timeline_closed_form():
+    # two layers of 1000 and 3000 float32 parameters, batch 10, 1e6 FLOP/s: backward of the
+    # last layer 4*10*3000/1e6 = 0.12 s, then 0.04 s; alpha 0.01 s, 1e5 B/s, N = 2.
+    params = [B.Param("l0.w", "l0", 1000), B.Param("l1.w", "l1", 3000)]
+    kw = {"world_size": 2, "alpha": 0.01, "bandwidth": 1e5, "batch": 10, "flops": 1e6}
+    tl = B.alpha_beta_timeline(params, [1], **kw)  # one bucket per layer
+    assert [(s.name, s.start, s.end) for s in tl.layers] == [("l1", 0, pytest.approx(0.12)),
+                                                           ("l0", pytest.approx(0.12),
+                                                            pytest.approx(0.16))]
+    # bucket 0 (12000 B): 2*0.01 + 12000/1e5 = 0.14 s from 0.12; bucket 1 (4000 B): 0.06 s,
+    # ready at 0.16 but the link is busy until 0.26
+    c0, c1 = tl.comms
+    assert (c0.start, c0.end) == (pytest.approx(0.12), pytest.approx(0.26))
+    assert (c1.ready, c1.start, c1.end) == (pytest.approx(0.16), pytest.approx(0.26),
+                                           pytest.approx(0.32))
+    assert tl.total == pytest.approx(0.32)
+    assert tl.baseline_total == pytest.approx(0.16 + 0.02 + 16000 / 1e5)
+
+
+@pytest.mark.parametrize("cap", [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, None])
+@pytest.mark.parametrize("alpha, bandwidth, n", [(50e-6, 1e9, 2), (5e-6, 1e11, 8),
+                                                 (1e-3, 1e8, 16), (0.0, 1e9, 4)])
+def test_timeline_invariants(cap, alpha, bandwidth, n):
+    params, order = B.demo_params()
+    tl = B.alpha_beta_timeline(params, B.cap_limits(cap), order, world_size=n, alpha=alpha,
+                               bandwidth=bandwidth)
+    covered = sorted(i for b in tl.buckets for i in b.params)
+    assert covered == list(range(len(params)))
+    prev_end = 0.0
+    for b, c in zip(tl.buckets, tl.comms):
+        assert c.start >= max(tl.param_ready[i] for i in b.params) == c.ready  # never early
+        assert c.start >= prev_end  # one link: AllReduces serialised in bucket order
+        assert c.end - c.start == pytest.approx(
+            costs.alpha_beta_time("all_reduce", b.nbytes, n, alpha, bandwidth))
+        prev_end = c.end
+    comm = sum(c.end - c.start for c in tl.comms)
+    assert tl.total >= max(tl.compute_end, comm) - 1e-15
+    assert tl.compute_end == pytest.approx(sum(s.end - s.start for s in tl.layers))
+    assert tl.compute_end == pytest.approx(
+        4 * B.DEFAULT_BATCH * sum(p.numel for p in params) / B.DEFAULT_FLOPS)
+
+
+def test_one_bucket_is_the_no_overlap_baseline():
+    params, order = B.demo_params()
+    tl = B.alpha_beta_timeline(params, B.cap_limits(None), order)  # 1 MiB first bucket > model
+    assert len(tl.buckets) == 1 and tl.total == pytest.approx(tl.baseline_total)
+    nbytes = sum(p.nbytes for p in params)
+    assert tl.baseline_total == pytest.approx(tl.compute_end + costs.alpha_beta_time(
+        "all_reduce", nbytes, 2, B.DEFAULT_ALPHA, B.DEFAULT_BANDWIDTH))
+
+
+def test_buckets_win_for_the_defaults():
+    params, order = B.demo_params()
+    c = B.compare_strategies(params, B.cap_limits(0.1), order)
+    assert c.best == "buckets" and c.buckets < c.no_overlap < c.per_param
+    assert (c.n_per_param, c.n_buckets) == (len(params), 4) == (22, 4)
+    # one AllReduce per parameter: 22 latencies of 2(N-1) alpha each at least
+    assert c.per_param >= 22 * 2 * B.DEFAULT_ALPHA
+
+
+# ------------------------------------------------------------------------------ frames, SVG
+
+
+def _texts(svg: str) -> str:
+    root = ET.fromstring(svg)
+    assert root.tag.endswith("svg") and root.get("viewBox") == "0 0 1000 600"
+    return " ".join(t.text or "" for t in root.iter() if t.tag.endswith("text"))
+
+
+def test_frames_step_through_the_backward():
+    tl = B.alpha_beta_timeline(*B.demo_params()[:1], B.cap_limits(0.1), B.demo_params()[1])
+    frames = B.build_frames(tl)
+    assert len(frames) == len(tl.layers) + 2 == 13
+    assert set(frames[0].status) == {"empty"} and set(frames[-1].status) == {"done"}
+    assert [f.now for f in frames[1:-1]] == [s.end for s in tl.layers]
+    assert frames[-1].final and frames[-1].now == tl.total
+    rank = {"empty": 0, "filling": 1, "waiting": 2, "reducing": 3, "done": 4}
+    for a, b in itertools.pairwise(frames):  # a bucket never goes back
+        assert all(rank[x] <= rank[y] for x, y in zip(a.status, b.status))
+        assert all(x <= y for x, y in zip(a.filled, b.filled))
+    assert "tầng head tính xong gradient" in frames[1].caption
+    assert "AllReduce bắt đầu ngay" in frames[2].caption  # head + b2.fc2 fill B0
+    assert "Không chồng lấp" in frames[-1].caption and "tiết kiệm" in frames[-1].caption
+
+
+def test_svg_valid_vietnamese_and_labelled_with_its_source():
+    player = B.build_player(0.05, presentation=True)
+    for f in player.frames:
+        text = _texts(f.svg)
+        assert unicodedata.is_normalized("NFC", text)
+        assert unicodedata.is_normalized("NFC", f.caption)
+        assert "mô hình alpha-beta" in text and "Bucket theo thứ tự AllReduce" in text
+        assert "thời gian từ lúc bắt đầu backward" in text and "font-size" not in f.svg
+    last = _texts(player.frames[-1].svg)
+    assert "Không chồng lấp:" in last and "Có chồng lấp:" in last
+    assert 'class="dpb-player dpb-present"' in player.to_html()
+    cmp = B.comparison_player()
+    assert "Vì sao gom gradient thành bucket?" in _texts_any(cmp.frames[0].svg)
+
+
+def _texts_any(svg):
+    return " ".join(t.text or "" for t in ET.fromstring(svg).iter() if t.tag.endswith("text"))
+
+
+def _fake_trace(cap=0.1):
+    """A measured trace built by hand from the alpha-beta timeline (for renderer tests)."""
+    params, order = B.demo_params()
+    tl = B.alpha_beta_timeline(params, B.cap_limits(cap), order)
+    return B.DdpTrace(cap, None, params, order, (tuple(order),),
+                      tuple(b.params for b in tl.buckets),
+                      tuple(sum(params[i].numel for i in b.params) for b in tl.buckets),
+                      tl.param_ready, tuple(c.start for c in tl.comms),
+                      tuple(c.end for c in tl.comms), tl.total, tl.baseline_total,
+                      tl.compute_end, 2, 128)
+
+
+def test_measured_source_is_labelled_and_needs_a_trace():
+    traces = {(0.1, None): _fake_trace()}
+    player = B.build_player(0.1, source="measured", traces=traces)
+    assert all("ĐO trên máy này" in _texts(f.svg) for f in player.frames)
+    with pytest.raises(ValueError, match="Chưa đo cấu hình bucket_cap_mb=0.2"):
+        B.build_player(0.2, source="measured", traces=traces)
+    with pytest.raises(ValueError, match="source="):
+        B.build_player(0.1, source="nccl")
+
+
+def test_rebuild_is_fast():
+    t0 = time.perf_counter()
+    B.build_player(1e-6, presentation=True).to_html()  # 22 buckets: the most frames and bars
+    B.build_player(0.02, world_size=64, alpha_us=1000, bandwidth_gbs=0.1).to_html()
+    assert time.perf_counter() - t0 < 0.5
+
+
+def test_live_controls_rebuild_fast():
+    pytest.importorskip("ipywidgets")
+    box = B.controls(traces={(c, None): _fake_trace(c) for c in B.CAP_CHOICES_MB})
+    ctl = {c.description: c for c in box.children[0].children}
+    t0 = time.perf_counter()
+    ctl["bucket_cap_mb"].value = 0.02
+    ctl["thời gian"].value = "measured"
+    assert time.perf_counter() - t0 < 0.5
+    assert "Dựng lại" in box.children[1].value
+    ctl["bucket đầu"].value = 0.01  # not measured: refused with a message, page kept
+    assert "Không vẽ được" in box.children[1].value and "Chưa đo" in box.children[1].value
+
+
+# ------------------------------------------------------------------------------ real DDP
+
+CONFIGS = ((0.02, None), (0.05, None), (0.1, None), (0.1, 0.02), (None, None))
+
+
+@pytest.fixture(scope="module")
+def ddp_run():
+    return spawn(B.ddp_bucket_worker, CONFIGS, 32, world_size=2, backend="gloo",
+                 warmup=2, repeats=2, output="none")
+
+
+@pytest.mark.distributed
+def test_real_ddp_uses_the_computed_buckets(ddp_run):
+    params, order = B.demo_params()
+    rank0, rank1 = ddp_run
+    for tr, tr1 in zip(rank0, rank1):
+        limits = B.cap_limits(tr.bucket_cap_mb, tr.first_bucket_cap_mb)
+        ours = [b.params for b in B.assign_buckets(params, limits, order)]
+        key = (tr.bucket_cap_mb, tr.first_bucket_cap_mb)
+        assert list(tr.buckets) == ours == list(tr1.buckets), key
+        # iteration 1: with find_unused_parameters=False DDP puts everything in one bucket,
+        # unless bucket_cap_mb_list is given: then it packs in registration order (and reverses
+        # the list of buckets). It then rebuilds from the order seen in that iteration.
+        if tr.first_bucket_cap_mb is None:
+            assert tr.first_iteration_buckets == (tuple(range(len(params))),)
+        else:
+            initial = B.assign_buckets(params, limits, list(range(len(params))))
+            assert tr.first_iteration_buckets == tuple(b.params for b in reversed(initial))
+        assert tr.first_ready_order == tuple(order)
+        assert list(tr.bucket_numel) == [sum(params[i].numel for i in b) for b in ours]
+    n = {(t.bucket_cap_mb, t.first_bucket_cap_mb): len(t.buckets) for t in rank0}
+    assert n == {(0.02, None): 8, (0.05, None): 7, (0.1, None): 4, (0.1, 0.02): 5,
+                 (None, None): 1}
+
+
+@pytest.mark.distributed
+def test_measured_trace_is_consistent(ddp_run):
+    for tr in ddp_run[0]:
+        tl = B.measured_timeline(tr)
+        for b, c in zip(tl.buckets, tl.comms):
+            assert c.start >= max(tr.ready_s[i] for i in b.params)  # hook after last gradient
+            assert c.end >= c.start
+        assert tl.total >= max(c.end for c in tl.comms) and tl.total >= tl.compute_end
+        assert [s.end for s in tl.layers] == sorted(s.end for s in tl.layers)
+        for f in B.build_frames(tl):
+            assert "ĐO trên máy này" in _texts(B.render_frame(f))
