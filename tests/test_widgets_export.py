@@ -26,4 +26,4 @@ def test_export_writes_every_animation_and_an_index(tmp_path):
 
 def test_export_without_presentation(tmp_path):
     paths = export.export(tmp_path, presentation=False)
-    assert all("dpb-present\"" not in p.read_text(encoding="utf-8") for p in paths[1:])
+    assert all('class="dpb-player"' in p.read_text(encoding="utf-8") for p in paths[1:])
