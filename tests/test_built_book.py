@@ -36,7 +36,7 @@ def html(root, tmp_path_factory) -> pathlib.Path:
 
 def test_pages_exist_with_real_outputs(html):
     for page in ("book/intro", "book/ch04/index", "book/ch04/moi-truong", "book/glossary",
-                 "book/widgets/ring-allreduce"):
+                 "book/widgets/ring-allreduce", "book/widgets/fsdp-lifecycle"):
         assert (html / f"{page}.html").exists(), page
     env = (html / "book/ch04/moi-truong.html").read_text(encoding="utf-8")
     assert "nhận [3.0, 3.0, 3.0, 3.0]" in env or "nhận [" in env  # output of the real run
@@ -85,5 +85,28 @@ def test_ring_player_works_offline(html, root):
         second = page.locator(".dpb-player").nth(1)
         assert second.locator(".dpb-step").inner_text() == "1 / 15"
         player.screenshot(path=str(shots / "ring.png"))
+        browser.close()
+    assert problems == [], problems
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="cần Chromium (gói Debian `chromium`)")
+def test_fsdp_player_works_offline(html, root):
+    from playwright.sync_api import sync_playwright
+
+    shots = root / "_build" / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser, page, problems = _browser_page(p)
+        page.goto((html / "book/widgets/fsdp-lifecycle.html").as_uri())
+        player = page.locator(".dpb-player").first
+        player.scroll_into_view_if_needed()
+        assert player.is_visible()
+        step = player.locator(".dpb-step")
+        first = step.inner_text()
+        player.focus()
+        page.keyboard.press("ArrowRight")
+        page.keyboard.press("ArrowRight")
+        assert step.inner_text() != first and step.inner_text().startswith("3 / ")
+        player.screenshot(path=str(shots / "fsdp.png"))
         browser.close()
     assert problems == [], problems

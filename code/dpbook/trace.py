@@ -27,12 +27,23 @@ apart by order: FSDP issues their collectives in the order the units run in that
 the order of their forward pre-hooks (forward) or backward pre-hooks (backward). Order alone
 would not do: FSDP2 prefetches the next unit's AllGather during backward, and reduce-scatters
 the first block and the root only at the end of backward.
+
+Strategies: FSDP2 has no ``sharding_strategy``; the chapter's names map to ``apply_fsdp2`` as
+FULL_SHARD = ``reshard_after_forward=True``, passed explicitly so that the root is resharded too
+(``reshard_root=False`` records PyTorch's default ``None`` instead, which keeps the root
+unsharded between forward and backward); SHARD_GRAD_OP = ``False``; HYBRID_SHARD =
+``shard_size=2`` on 4 ranks (a 2 x 2 mesh), resharding like FULL_SHARD. NO_SHARD is FSDP1.
+
+The step recorded is the second one (Adam creates its state in the first), after
+``zero_grad(set_to_none=True)``: a rank starts it with parameters and optimizer state only, and
+``measure.state_bytes`` is taken before and after it, so the widget's memory bar can be checked
+against what the rank really held.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import torch
 
@@ -67,6 +78,7 @@ class TraceEvent:
     nbytes: int = 0  # full tensor bytes, as measure.CommRecord counts them
     group_size: int = 1
     unsharded: tuple[bool, ...] = ()  # per unit: its parameters are full tensors right now
+    group_ranks: tuple[int, ...] = ()  # collectives: the global ranks of the process group
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,7 @@ class Trace:
     strategy: str
     reshard_root: bool
     wrapper: str  # the call that wrapped the model, as the reader would write it
+    api: str  # "FSDP2" (fully_shard) or "FSDP1" (FullyShardedDataParallel, for NO_SHARD)
     world_size: int
     shard_size: int  # ranks that share one unit's shards (1: NO_SHARD)
     units: tuple[Unit, ...]
@@ -97,8 +110,8 @@ class Trace:
 
     @property
     def label(self) -> str:
-        if self.strategy == "FULL_SHARD" and not self.reshard_root:
-            return "FULL_SHARD (mặc định PyTorch: root không reshard)"
+        if not self.reshard_root:
+            return f"{self.strategy} (mặc định PyTorch: root không reshard)"
         return self.strategy
 
 
@@ -113,13 +126,27 @@ class TraceLog(CommLog):
         self.events: list[TraceEvent] = []
         self.phase = "rest"
         self._observe = observe
+        self._active = False
+
+    def __enter__(self):
+        self._active = True
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self._active = False
+        return super().__exit__(*exc)
 
     def mark(self, kind: str, unit: int | None = None) -> None:
-        """Record a hook or a marker; returns ``None`` so hooks never replace values."""
-        self.phase = {"step_begin": "forward", "backward_begin": "backward",
-                      "optimizer_begin": "optimizer", "step_end": "rest"}.get(kind, self.phase)
+        """Record a hook or a marker; returns ``None`` so hooks never replace values. Hooks stay
+        registered after the ``with`` block (warm-up steps too): calls outside it are ignored."""
+        if not self._active:
+            return
+        self.phase = {"backward_begin": "backward", "optimizer_begin": "optimizer",
+                      "step_end": "rest"}.get(kind, self.phase)
         self.events.append(TraceEvent(len(self.events), kind, self.phase, unit,
                                       unsharded=self._observe()))
+        if kind == "step_begin":  # the first event shows the state at rest, then forward runs
+            self.phase = "forward"
 
     def _record(self, func, args, kwargs) -> None:
         before = len(self.records)
@@ -128,7 +155,19 @@ class TraceLog(CommLog):
             r = self.records[-1]
             self.events.append(TraceEvent(len(self.events), "collective", self.phase, None,
                                           r.collective, r.nbytes, r.group_size,
-                                          self._observe()))
+                                          self._observe(), _group_ranks(func, args, kwargs)))
+
+
+def _group_ranks(func, args, kwargs) -> tuple[int, ...]:
+    """Which ranks took part: HYBRID_SHARD's groups are the point of its picture."""
+    import torch.distributed as dist
+
+    bound = dict(zip((a.name for a in func._schema.arguments), args)) | kwargs
+    group = dist.ProcessGroup.unbox(bound["process_group"])
+    try:
+        return tuple(dist.get_process_group_ranks(group))
+    except (KeyError, RuntimeError, ValueError):  # a group torch does not list: say nothing
+        return ()
 
 
 def _wrap(model, strategy: str, reshard_root: bool):
@@ -139,7 +178,7 @@ def _wrap(model, strategy: str, reshard_root: bool):
 
     if strategy == "NO_SHARD":
         # FSDP2 has no NO_SHARD: a 1-rank shard mesh would still AllGather. FSDP1 keeps it.
-        return apply_fsdp(model, "NO_SHARD"), 'apply_fsdp(model, "NO_SHARD")  # FSDP1', 1
+        return apply_fsdp(model, "NO_SHARD"), 'apply_fsdp(model, "NO_SHARD")', 1
     raf = False if strategy == "SHARD_GRAD_OP" else (True if reshard_root else None)
     shard = 2 if strategy == "HYBRID_SHARD" else None
     call = f"apply_fsdp2(model, reshard_after_forward={raf}"
@@ -149,7 +188,8 @@ def _wrap(model, strategy: str, reshard_root: bool):
 
 
 def _units(model) -> tuple[list[Unit], list, list]:
-    """Units of the unwrapped MLP: (units, unit modules, compute modules)."""
+    """Units of the unwrapped MLP: (units, the Blocks, the modules that compute with each
+    unit's own parameters: the Blocks, then the head for the root)."""
     units, modules, compute = [], [], []
     for k, block in enumerate(model.blocks):
         n = sum(p.numel() for p in block.parameters())
@@ -185,13 +225,17 @@ def record_lifecycle(rank: int, world_size: int, strategy: str = "FULL_SHARD",
     from .models import build_mlp
     from .train import train_step
 
+    one_of("strategy", strategy, STRATEGIES)
     model = build_mlp(depth=depth)
     units, modules, compute = _units(model)
     # Look parameters up again at every event: FSDP2 swaps the module's parameter objects.
     probes = [(m.linear if k < len(units) - 1 else m) for k, m in enumerate(compute)]
     wrapped, call, shard = _wrap(model, strategy, reshard_root)
-    log = TraceLog(lambda: tuple(not isinstance(m.weight, DTensor) for m in probes))
-    _register_hooks(log, modules[:-1] + [wrapped], compute)
+    if strategy == "NO_SHARD":  # FSDP1 flat parameters: nothing is ever sharded
+        log = TraceLog(lambda: (True,) * len(units))
+    else:
+        log = TraceLog(lambda: tuple(not isinstance(m.weight, DTensor) for m in probes))
+    _register_hooks(log, modules + [wrapped], compute)
     optimizer = torch.optim.Adam(wrapped.parameters(), lr=1e-3)
     ds = synthetic_regression(batch_size * world_size, 16, 4)
     x, y = (t[rank * batch_size:(rank + 1) * batch_size] for t in ds.tensors)
@@ -254,8 +298,9 @@ def record_trace(strategy: str = "FULL_SHARD", *, reshard_root: bool = True, dep
     int_at_least("depth", depth)
     if depth > MAX_DEPTH:
         raise ValueError(f"depth tối đa là {MAX_DEPTH} để hình còn đọc được, nhận được {depth}.")
-    if not isinstance(reshard_root, bool):
-        raise ValueError(f"reshard_root phải là True hoặc False, nhận được {reshard_root!r}.")
+    if not isinstance(reshard_root, bool):  # the book's convention: bad inputs -> ValueError
+        raise ValueError(  # noqa: TRY004
+            f"reshard_root phải là True hoặc False, nhận được {reshard_root!r}.")
     results = spawn(record_lifecycle, strategy, reshard_root, depth, world_size=n,
                     backend="gloo", timeout=timeout, output="none")
     r0 = results[0]
@@ -267,7 +312,8 @@ def record_trace(strategy: str = "FULL_SHARD", *, reshard_root: bool = True, dep
            for rt in ranks):
         raise RuntimeError("Các rank ghi được chuỗi sự kiện khác nhau; trace không nhất quán.")
     return Trace(strategy, reshard_root if strategy in ("FULL_SHARD", "HYBRID_SHARD") else True,
-                 r0["call"], n, r0["shard_size"], units, ranks)
+                 r0["call"], "FSDP1" if strategy == "NO_SHARD" else "FSDP2", n,
+                 r0["shard_size"], units, ranks)
 
 
 def record_traces(strategies=STRATEGIES, *, pytorch_default_root: bool = True,

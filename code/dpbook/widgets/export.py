@@ -14,7 +14,7 @@ from .player import Player
 
 def catalogue() -> list[tuple[str, str, Callable[[bool], Player]]]:
     """(file stem, Vietnamese title, factory(presentation)) in the order the chapter teaches."""
-    from . import buckets, dp_vs_ddp, ledger, ring
+    from . import buckets, dp_vs_ddp, fsdp, ledger, ring
 
     return [
         ("dp-vs-ddp", "DataParallel và DDP: một vòng lặp huấn luyện",
@@ -25,6 +25,11 @@ def catalogue() -> list[tuple[str, str, Callable[[bool], Player]]]:
          lambda p: buckets.build_player(0.1, presentation=p)),
         ("ddp-buckets-so-sanh", "Vì sao dùng bucket: so sánh ba cách AllReduce",
          lambda p: buckets.comparison_player(0.1, presentation=p)),
+        # The FSDP lifecycle replays a trace of a real run: these two record one each (~2 s).
+        ("fsdp-full-shard", "Vòng đời shard của FSDP: FULL_SHARD",
+         lambda p: fsdp.player("FULL_SHARD", presentation=p)),
+        ("fsdp-shard-grad-op", "Vòng đời shard của FSDP: SHARD_GRAD_OP",
+         lambda p: fsdp.player("SHARD_GRAD_OP", presentation=p)),
         ("so-ke-toan-vram", "Sổ kế toán VRAM: LLaMA-7B theo số GPU",
          lambda p: ledger.ledger_player("llama-7b", presentation=p)),
     ]
