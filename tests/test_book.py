@@ -4,7 +4,6 @@ import json
 import re
 import unicodedata
 
-import pytest
 import yaml
 
 BOOK_SUFFIXES = {".md", ".ipynb", ".bib", ".yml"}

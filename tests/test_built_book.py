@@ -47,66 +47,69 @@ def test_pages_exist_with_real_outputs(html):
     assert "cdn.jsdelivr" not in env and (html / "_static/mathjax/tex-chtml.js").exists()
 
 
-def _browser_page(p):
-    browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-    context = browser.new_context(offline=True, viewport={"width": 1300, "height": 1000})
-    page = context.new_page()
-    problems = []
-    page.on("pageerror", lambda e: problems.append(f"JS error: {e}"))
-    page.on("console", lambda m: problems.append(f"console: {m.text}") if m.type == "error" else None)
-    # nothing may be fetched from the network
-    page.route("http*://**", lambda route: (problems.append(f"network: {route.request.url}"),
-                                            route.abort()))
-    return browser, page, problems
+NEEDS_CHROMIUM = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="cần Chromium (gói Debian `chromium`); `make test` tự cài khi chạy với quyền root")
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="cần Chromium (gói Debian `chromium`); `make test` "
-                    "tự cài khi chạy với quyền root")
-def test_ring_player_works_offline(html, root):
+@pytest.fixture
+def open_page(html, root):
+    """Open a built page from disk in headless Chromium, offline; yield (page, first player);
+    afterwards save the player's screenshot under ``_build/screenshots`` and require that no
+    JavaScript error was logged and nothing was fetched from the network."""
     from playwright.sync_api import sync_playwright
 
     shots = root / "_build" / "screenshots"
     shots.mkdir(parents=True, exist_ok=True)
+    problems: list[str] = []
     with sync_playwright() as p:
-        browser, page, problems = _browser_page(p)
-        page.goto((html / "book/widgets/ring-allreduce.html").as_uri())
-        player = page.locator(".dpb-player").first
-        player.scroll_into_view_if_needed()
-        assert player.is_visible()
-        step = player.locator(".dpb-step")
-        assert step.inner_text() == "1 / 7"
-        player.locator(".dpb-next").click()
-        assert step.inner_text() == "2 / 7"
-        player.focus()
-        page.keyboard.press("ArrowRight")
-        assert step.inner_text() == "3 / 7"
-        assert "Reduce-scatter, bước 2/3" in player.locator(".dpb-caption").inner_text()
-        # a second player on the same page is independent
-        second = page.locator(".dpb-player").nth(1)
-        assert second.locator(".dpb-step").inner_text() == "1 / 15"
-        player.screenshot(path=str(shots / "ring.png"))
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        context = browser.new_context(offline=True, viewport={"width": 1300, "height": 1000})
+        page = context.new_page()
+        page.on("pageerror", lambda e: problems.append(f"JS error: {e}"))
+        page.on("console",
+                lambda m: problems.append(f"console: {m.text}") if m.type == "error" else None)
+        page.route("http*://**", lambda route: (problems.append(f"network: {route.request.url}"),
+                                                route.abort()))
+        opened = []
+
+        def _open(path: str, shot: str):
+            page.goto((html / path).as_uri())
+            player = page.locator(".dpb-player").first
+            player.scroll_into_view_if_needed()
+            opened.append((player, shots / shot))
+            return page, player
+
+        yield _open
+        for player, shot in opened:
+            player.screenshot(path=str(shot))
         browser.close()
     assert problems == [], problems
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="cần Chromium (gói Debian `chromium`)")
-def test_fsdp_player_works_offline(html, root):
-    from playwright.sync_api import sync_playwright
+@NEEDS_CHROMIUM
+def test_ring_player_works_offline(open_page):
+    page, player = open_page("book/widgets/ring-allreduce.html", "ring.png")
+    assert player.is_visible()
+    step = player.locator(".dpb-step")
+    assert step.inner_text() == "1 / 7"
+    player.locator(".dpb-next").click()
+    assert step.inner_text() == "2 / 7"
+    player.focus()
+    page.keyboard.press("ArrowRight")
+    assert step.inner_text() == "3 / 7"
+    assert "Reduce-scatter, bước 2/3" in player.locator(".dpb-caption").inner_text()
+    # a second player on the same page is independent
+    assert page.locator(".dpb-player").nth(1).locator(".dpb-step").inner_text() == "1 / 15"
 
-    shots = root / "_build" / "screenshots"
-    shots.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser, page, problems = _browser_page(p)
-        page.goto((html / "book/widgets/fsdp-lifecycle.html").as_uri())
-        player = page.locator(".dpb-player").first
-        player.scroll_into_view_if_needed()
-        assert player.is_visible()
-        step = player.locator(".dpb-step")
-        first = step.inner_text()
-        player.focus()
-        page.keyboard.press("ArrowRight")
-        page.keyboard.press("ArrowRight")
-        assert step.inner_text() != first and step.inner_text().startswith("3 / ")
-        player.screenshot(path=str(shots / "fsdp.png"))
-        browser.close()
-    assert problems == [], problems
+
+@NEEDS_CHROMIUM
+def test_fsdp_player_works_offline(open_page):
+    page, player = open_page("book/widgets/fsdp-lifecycle.html", "fsdp.png")
+    assert player.is_visible()
+    step = player.locator(".dpb-step")
+    assert step.inner_text().startswith("1 / ")
+    player.focus()
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowRight")
+    assert step.inner_text().startswith("3 / ")

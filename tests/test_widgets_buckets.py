@@ -10,8 +10,12 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 import torch.distributed as dist
+from dpbook import bucket_trace as BT
+from dpbook import buckets as BA
 from dpbook import costs
 from dpbook.launch import spawn
+from dpbook.models import build_bucket_net
+from dpbook.widgets import bucket_timeline as TL
 from dpbook.widgets import buckets as B
 from torch.nn.parallel import distributed as ddp_mod
 
@@ -29,7 +33,7 @@ def _torch_assignment(params, limits, order):
 
 
 def _ours(params, limits, order):
-    buckets = B.assign_buckets(params, limits, order)
+    buckets = BA.assign_buckets(params, limits, order)
     return [list(b.params) for b in buckets], [b.limit for b in buckets]
 
 
@@ -43,7 +47,7 @@ def test_cap_limits_follow_ddp_bucket_config(cap, first):
         bucket_cap_mb=cap, bucket_cap_mb_list=None if first is None else
         [first, ddp_mod._DEFAULT_BUCKET_CAP_MB if cap is None else cap],
         use_python_reducer=False)
-    limits = B.cap_limits(cap, first)
+    limits = BA.cap_limits(cap, first)
     if cfg.per_bucket_bytes_caps:  # bucket_cap_mb_list: the reducer packs with this list
         assert limits == list(cfg.per_bucket_bytes_caps)
     else:  # otherwise the reducer rebuilds with [first_bucket_bytes_cap, bucket_bytes_cap]
@@ -51,51 +55,51 @@ def test_cap_limits_follow_ddp_bucket_config(cap, first):
 
 
 def test_cap_defaults_are_torchs():
-    assert B.DEFAULT_BUCKET_CAP_MB == ddp_mod._DEFAULT_BUCKET_CAP_MB == 25
-    assert B.DEFAULT_FIRST_BUCKET_MB * MIB == dist._DEFAULT_FIRST_BUCKET_BYTES == MIB
-    assert B.cap_limits() == [MIB, 25 * MIB]
-    assert B.cap_limits(0.1) == [104857, 104857]  # int(0.1 MiB): DDP truncates
+    assert BA.DEFAULT_BUCKET_CAP_MB == ddp_mod._DEFAULT_BUCKET_CAP_MB == 25
+    assert BA.DEFAULT_FIRST_BUCKET_MB * MIB == dist._DEFAULT_FIRST_BUCKET_BYTES == MIB
+    assert BA.cap_limits() == [MIB, 25 * MIB]
+    assert BA.cap_limits(0.1) == [104857, 104857]  # int(0.1 MiB): DDP truncates
 
 
 @pytest.mark.parametrize("bad", [0, -1, "0.1", True])
 def test_cap_limits_refuse_bad_caps(bad):
     with pytest.raises(ValueError, match="bucket_cap_mb phải là số MB dương"):
-        B.cap_limits(bad)
+        BA.cap_limits(bad)
     with pytest.raises(ValueError, match="first_bucket_cap_mb phải là số MB dương"):
-        B.cap_limits(0.1, bad)
+        BA.cap_limits(0.1, bad)
 
 
 # ------------------------------------------------------------------------------ assignment
 
 
 def _p(*numels, dtype="float32"):
-    return [B.Param(f"p{i}", f"l{i}", n, dtype) for i, n in enumerate(numels)]
+    return [BA.Param(f"p{i}", f"l{i}", n, dtype) for i, n in enumerate(numels)]
 
 
 def test_assignment_closed_form():
     # 40, 40, 40, 20 bytes; reverse order 3,2,1,0. First limit 50: 20+40 = 60 >= 50 closes
     # [3, 2]; then limit 100: 40+40 = 80 < 100 stays open until the end.
-    buckets = B.assign_buckets(_p(10, 10, 10, 5), [50, 100])
+    buckets = BA.assign_buckets(_p(10, 10, 10, 5), [50, 100])
     assert [b.params for b in buckets] == [(3, 2), (1, 0)]
     assert [b.nbytes for b in buckets] == [60, 80] and [b.limit for b in buckets] == [50, 100]
     # the tensor that crosses the cap stays in the bucket it crossed, however large
-    assert [b.params for b in B.assign_buckets(_p(1000, 1, 1), [12])] == [(2, 1, 0)]
+    assert [b.params for b in BA.assign_buckets(_p(1000, 1, 1), [12])] == [(2, 1, 0)]
     # reaching the cap exactly closes the bucket
-    assert [b.params for b in B.assign_buckets(_p(2, 1, 1), [8])] == [(2, 1), (0,)]
+    assert [b.params for b in BA.assign_buckets(_p(2, 1, 1), [8])] == [(2, 1), (0,)]
 
 
 def test_assignment_refuses_bad_input():
     with pytest.raises(ValueError, match="limits phải là danh sách số byte nguyên dương"):
-        B.assign_buckets(_p(1, 2), [0])
+        BA.assign_buckets(_p(1, 2), [0])
     with pytest.raises(ValueError, match="order phải là một hoán vị"):
-        B.assign_buckets(_p(1, 2), [8], [0, 0])
+        BA.assign_buckets(_p(1, 2), [8], [0, 0])
 
 
 @pytest.mark.parametrize("cap", [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, None])
 @pytest.mark.parametrize("first", [None, 0.01, 0.05])
 def test_demo_model_assignment_equals_torch(cap, first):
     params, order = B.demo_params()
-    limits = B.cap_limits(cap, first)
+    limits = BA.cap_limits(cap, first)
     for o in (list(order), list(range(len(params)))[::-1]):
         assert _ours(params, limits, o) == _torch_assignment(params, limits, o)
 
@@ -112,16 +116,16 @@ def test_random_sizes_and_orders_equal_torch(seed):
 
 
 def test_dtypes_are_bucketed_apart_and_sparse_alone():
-    params = [B.Param("a", "a", 10), B.Param("b", "b", 10, "float64"), B.Param("c", "c", 3),
-              B.Param("d", "d", 5, "float64"), B.Param("e", "e", 4, sparse=True),
-              B.Param("f", "f", 9, "float16")]
+    params = [BA.Param("a", "a", 10), BA.Param("b", "b", 10, "float64"),
+              BA.Param("c", "c", 3), BA.Param("d", "d", 5, "float64"),
+              BA.Param("e", "e", 4, sparse=True), BA.Param("f", "f", 9, "float16")]
     for limits in ([40, 8], [1], [10**6], [50, 100]):
         for order in ([5, 4, 3, 2, 1, 0], [0, 2, 1, 4, 3, 5]):
             ours, lim = _ours(params, limits, order)
             theirs, their_lim = _torch_assignment(params, limits, order)
             # PyTorch lists the buckets still open at the end from a hash map: compare as sets
             assert sorted(zip(map(tuple, ours), lim)) == sorted(zip(map(tuple, theirs), their_lim))
-            n_closed = sum(1 for b in B.assign_buckets(params, limits, order)
+            n_closed = sum(1 for b in BA.assign_buckets(params, limits, order)
                            if b.nbytes >= b.limit or params[b.params[0]].sparse)
             assert ours[:n_closed] == theirs[:n_closed]
             for b in ours:  # one dtype per bucket
@@ -138,10 +142,10 @@ def test_ready_order_is_not_exactly_reverse_registration():
 
 
 def test_model_params_follow_ddp_order():
-    model = B.build_model()
-    assert [p.name for p in B.model_params(model)] == [n for n, _ in model.named_parameters()]
+    model = build_bucket_net()
+    assert [p.name for p in BA.model_params(model)] == [n for n, _ in model.named_parameters()]
     model.b0.norm.weight.requires_grad_(False)  # DDP leaves frozen parameters out
-    assert "b0.norm.weight" not in [p.name for p in B.model_params(model)]
+    assert "b0.norm.weight" not in [p.name for p in BA.model_params(model)]
 
 
 # ------------------------------------------------------------------------------ timeline
@@ -150,9 +154,9 @@ def test_model_params_follow_ddp_order():
 def test_timeline_closed_form():
     # two layers of 1000 and 3000 float32 parameters, batch 10, 1e6 FLOP/s: backward of the
     # last layer 4*10*3000/1e6 = 0.12 s, then 0.04 s; alpha 0.01 s, 1e5 B/s, N = 2.
-    params = [B.Param("l0.w", "l0", 1000), B.Param("l1.w", "l1", 3000)]
+    params = [BA.Param("l0.w", "l0", 1000), BA.Param("l1.w", "l1", 3000)]
     kw = {"world_size": 2, "alpha": 0.01, "bandwidth": 1e5, "batch": 10, "flops": 1e6}
-    tl = B.alpha_beta_timeline(params, [1], **kw)  # one bucket per layer
+    tl = TL.alpha_beta_timeline(params, [1], **kw)  # one bucket per layer
     assert [(s.name, s.start, s.end) for s in tl.layers] == [("l1", 0, pytest.approx(0.12)),
                                                            ("l0", pytest.approx(0.12),
                                                             pytest.approx(0.16))]
@@ -171,7 +175,7 @@ def test_timeline_closed_form():
                                                  (1e-3, 1e8, 16), (0.0, 1e9, 4)])
 def test_timeline_invariants(cap, alpha, bandwidth, n):
     params, order = B.demo_params()
-    tl = B.alpha_beta_timeline(params, B.cap_limits(cap), order, world_size=n, alpha=alpha,
+    tl = TL.alpha_beta_timeline(params, BA.cap_limits(cap), order, world_size=n, alpha=alpha,
                                bandwidth=bandwidth)
     covered = sorted(i for b in tl.buckets for i in b.params)
     assert covered == list(range(len(params)))
@@ -186,25 +190,26 @@ def test_timeline_invariants(cap, alpha, bandwidth, n):
     assert tl.total >= max(tl.compute_end, comm) - 1e-15
     assert tl.compute_end == pytest.approx(sum(s.end - s.start for s in tl.layers))
     assert tl.compute_end == pytest.approx(
-        4 * B.DEFAULT_BATCH * sum(p.numel for p in params) / B.DEFAULT_FLOPS)
+        4 * BT.DEFAULT_BATCH * sum(p.numel for p in params) / TL.DEFAULT_FLOPS)
 
 
 def test_one_bucket_is_the_no_overlap_baseline():
     params, order = B.demo_params()
-    tl = B.alpha_beta_timeline(params, B.cap_limits(None), order)  # 1 MiB first bucket > model
+    # 1 MiB first bucket > model
+    tl = TL.alpha_beta_timeline(params, BA.cap_limits(None), order)
     assert len(tl.buckets) == 1 and tl.total == pytest.approx(tl.baseline_total)
     nbytes = sum(p.nbytes for p in params)
     assert tl.baseline_total == pytest.approx(tl.compute_end + costs.alpha_beta_time(
-        "all_reduce", nbytes, 2, B.DEFAULT_ALPHA, B.DEFAULT_BANDWIDTH))
+        "all_reduce", nbytes, 2, TL.DEFAULT_ALPHA, TL.DEFAULT_BANDWIDTH))
 
 
 def test_buckets_win_for_the_defaults():
     params, order = B.demo_params()
-    c = B.compare_strategies(params, B.cap_limits(0.1), order)
+    c = TL.compare_strategies(params, BA.cap_limits(0.1), order)
     assert c.best == "buckets" and c.buckets < c.no_overlap < c.per_param
     assert (c.n_per_param, c.n_buckets) == (len(params), 4) == (22, 4)
     # one AllReduce per parameter: 22 latencies of 2(N-1) alpha each at least
-    assert c.per_param >= 22 * 2 * B.DEFAULT_ALPHA
+    assert c.per_param >= 22 * 2 * TL.DEFAULT_ALPHA
 
 
 # ------------------------------------------------------------------------------ frames, SVG
@@ -217,7 +222,7 @@ def _texts(svg: str) -> str:
 
 
 def test_frames_step_through_the_backward():
-    tl = B.alpha_beta_timeline(*B.demo_params()[:1], B.cap_limits(0.1), B.demo_params()[1])
+    tl = TL.alpha_beta_timeline(*B.demo_params()[:1], BA.cap_limits(0.1), B.demo_params()[1])
     frames = B.build_frames(tl)
     assert len(frames) == len(tl.layers) + 2 == 13
     assert set(frames[0].status) == {"empty"} and set(frames[-1].status) == {"done"}
@@ -254,8 +259,8 @@ def _texts_any(svg):
 def _fake_trace(cap=0.1):
     """A measured trace built by hand from the alpha-beta timeline (for renderer tests)."""
     params, order = B.demo_params()
-    tl = B.alpha_beta_timeline(params, B.cap_limits(cap), order)
-    return B.DdpTrace(cap, None, params, order, (tuple(order),),
+    tl = TL.alpha_beta_timeline(params, BA.cap_limits(cap), order)
+    return BT.DdpTrace(cap, None, params, order, (tuple(order),),
                       tuple(b.params for b in tl.buckets),
                       tuple(sum(params[i].numel for i in b.params) for b in tl.buckets),
                       tl.param_ready, tuple(c.start for c in tl.comms),
@@ -282,7 +287,7 @@ def test_rebuild_is_fast():
 
 def test_live_controls_rebuild_fast():
     pytest.importorskip("ipywidgets")
-    box = B.controls(traces={(c, None): _fake_trace(c) for c in B.CAP_CHOICES_MB})
+    box = B.controls(traces={(c, None): _fake_trace(c) for c in BT.CAP_CHOICES_MB})
     ctl = {c.description: c for c in box.children[0].children}
     t0 = time.perf_counter()
     ctl["bucket_cap_mb"].value = 0.02
@@ -300,7 +305,7 @@ CONFIGS = ((0.02, None), (0.05, None), (0.1, None), (0.1, 0.02), (None, None))
 
 @pytest.fixture(scope="module")
 def ddp_run():
-    return spawn(B.ddp_bucket_worker, CONFIGS, 32, world_size=2, backend="gloo",
+    return spawn(BT.ddp_bucket_worker, CONFIGS, 32, world_size=2, backend="gloo",
                  warmup=2, repeats=2, output="none")
 
 
@@ -309,8 +314,8 @@ def test_real_ddp_uses_the_computed_buckets(ddp_run):
     params, order = B.demo_params()
     rank0, rank1 = ddp_run
     for tr, tr1 in zip(rank0, rank1):
-        limits = B.cap_limits(tr.bucket_cap_mb, tr.first_bucket_cap_mb)
-        ours = [b.params for b in B.assign_buckets(params, limits, order)]
+        limits = BA.cap_limits(tr.bucket_cap_mb, tr.first_bucket_cap_mb)
+        ours = [b.params for b in BA.assign_buckets(params, limits, order)]
         key = (tr.bucket_cap_mb, tr.first_bucket_cap_mb)
         assert list(tr.buckets) == ours == list(tr1.buckets), key
         # iteration 1: with find_unused_parameters=False DDP puts everything in one bucket,
@@ -319,7 +324,7 @@ def test_real_ddp_uses_the_computed_buckets(ddp_run):
         if tr.first_bucket_cap_mb is None:
             assert tr.first_iteration_buckets == (tuple(range(len(params))),)
         else:
-            initial = B.assign_buckets(params, limits, list(range(len(params))))
+            initial = BA.assign_buckets(params, limits, list(range(len(params))))
             assert tr.first_iteration_buckets == tuple(b.params for b in reversed(initial))
         assert tr.first_ready_order == tuple(order)
         assert list(tr.bucket_numel) == [sum(params[i].numel for i in b) for b in ours]
@@ -331,7 +336,7 @@ def test_real_ddp_uses_the_computed_buckets(ddp_run):
 @pytest.mark.distributed
 def test_measured_trace_is_consistent(ddp_run):
     for tr in ddp_run[0]:
-        tl = B.measured_timeline(tr)
+        tl = TL.measured_timeline(tr)
         for b, c in zip(tl.buckets, tl.comms):
             assert c.start >= max(tr.ready_s[i] for i in b.params)  # hook after last gradient
             assert c.end >= c.start

@@ -51,3 +51,52 @@ def build_mlp(seed: int = 0, **kwargs) -> MLP:
         return MLP(**kwargs)
     finally:
         torch.random.set_rng_state(gen_state)
+
+
+# --------------------------------------------------------------------------------------------
+# The DDP-bucket demo model: a small Transformer-ish stack whose layers differ in size, so that
+# small caps give several buckets, and whose LayerNorms show that DDP follows the
+# gradient-ready order (see ``dpbook.buckets``).
+
+BUCKET_NET_D_IN = 32  # input features of the bucket demo model
+
+
+class BucketBlock(nn.Module):
+    """Pre-norm residual MLP block: LayerNorm, Linear d->h, ReLU, Linear h->d."""
+
+    def __init__(self, d: int, h: int):
+        super().__init__()
+        self.norm, self.fc1, self.fc2 = nn.LayerNorm(d), nn.Linear(d, h), nn.Linear(h, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
+
+
+class BucketNet(nn.Module):
+    """``inp`` (32->64), three blocks with hidden widths 128, 256, 512, and a wide ``head``
+    (64->256, like a small vocabulary) whose gradient is ready first."""
+
+    def __init__(self, d_in: int = BUCKET_NET_D_IN, d: int = 64, hidden=(128, 256, 512),
+                 d_out: int = 256):
+        super().__init__()
+        self.inp = nn.Linear(d_in, d)
+        for i, h in enumerate(hidden):
+            self.add_module(f"b{i}", BucketBlock(d, h))
+        self.n_blocks = len(hidden)
+        self.head = nn.Linear(d, d_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for i in range(self.n_blocks):
+            x = getattr(self, f"b{i}")(x)
+        return self.head(x)
+
+
+def build_bucket_net(seed: int = 0) -> BucketNet:
+    """The bucket demo model with weights fixed by ``seed`` (identical on every rank)."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        return BucketNet()
+    finally:
+        torch.random.set_rng_state(state)

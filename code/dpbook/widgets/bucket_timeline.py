@@ -1,0 +1,178 @@
+"""Timelines of one DDP backward pass with buckets: when each layer's gradients are ready and
+when each bucket's AllReduce runs. Pure data, no drawing; ``dpbook.widgets.buckets`` animates it.
+
+Times come from one of two sources, and every figure says which: the alpha-beta model
+(``costs.alpha_beta_time``, compute proportional to parameter count) or a trace recorded in a
+real 2-rank gloo run on this machine (``bucket_trace.measure``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..bucket_trace import DEFAULT_BATCH, DdpTrace
+from ..buckets import Bucket, Param, assign_buckets, cap_limits
+from ..checks import int_at_least, non_negative
+from ..costs import alpha_beta_time
+
+# Alpha-beta defaults, calibrated on this 2-core machine with each operation run ALONE: gloo
+# all-reduces 4 bytes between 2 ranks in ~110 us (= 2 alpha) and 0.54 MB in ~0.65 ms
+# (~1 GB/s); the demo model's backward at batch 128 takes ~1.4 ms (~50 GFLOP/s). At these
+# numbers communication and compute are of the same order, the regime where buckets matter.
+DEFAULT_ALPHA = 50e-6  # s per message step
+DEFAULT_BANDWIDTH = 1e9  # bytes/s
+DEFAULT_FLOPS = 50e9  # FLOP/s of the backward pass, per rank
+DEFAULT_WORLD_SIZE = 2
+
+
+@dataclass(frozen=True)
+class LayerSpan:
+    """The backward computation of one layer; its gradients are ready at ``end``."""
+
+    name: str
+    start: float
+    end: float
+    params: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CommSpan:
+    """One bucket's AllReduce: ready (last gradient in), started, finished."""
+
+    bucket: int
+    ready: float
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Everything one figure needs. ``source`` is ``alpha-beta`` or ``measured``; ``label`` says
+    it in Vietnamese on the figure. Times in seconds from the start of ``backward()``."""
+
+    source: str
+    label: str
+    params: tuple[Param, ...]
+    buckets: tuple[Bucket, ...]
+    layers: tuple[LayerSpan, ...]
+    comms: tuple[CommSpan, ...]
+    param_ready: tuple[float, ...]
+    compute_end: float
+    total: float
+    baseline_total: float  # backward, then one AllReduce of every gradient
+    caps: tuple[int, int]
+    baseline_compute_end: float | None = None  # None: the same backward as above
+
+
+def layer_times(params: Sequence[Param], order: Sequence[int], batch: int = DEFAULT_BATCH,
+                flops: float = DEFAULT_FLOPS) -> list[tuple[str, float, tuple[int, ...]]]:
+    """Layers in backward order with their compute time: ``4 * batch * parameters / flops``.
+
+    Why 4: a Linear layer's backward is two matrix products (gradient of the input and of the
+    weight), each ``2 * batch * in * out`` FLOP. Layers without matmuls (LayerNorm) get the same
+    rule, i.e. almost nothing; the first layer's unneeded input gradient is counted anyway.
+    """
+    int_at_least("batch", batch)
+    if not flops > 0:
+        raise ValueError(f"flops phải dương, nhận được {flops!r}.")
+    groups: dict[str, list[int]] = {}
+    for i in order:
+        groups.setdefault(params[i].layer, []).append(i)
+    return [(name, 4 * batch * sum(params[i].numel for i in ix) / flops, tuple(ix))
+            for name, ix in groups.items()]
+
+
+def _serialise(buckets: Sequence[Bucket], ready: Sequence[float], world_size: int, alpha: float,
+               bandwidth: float) -> list[CommSpan]:
+    """One link: bucket k starts when it is ready and bucket k-1 is done (DDP launches in index
+    order, and one process group runs its collectives one after another)."""
+    spans, free = [], 0.0
+    for b in buckets:
+        r = max(ready[i] for i in b.params)
+        start = max(r, free)
+        free = start + alpha_beta_time("all_reduce", b.nbytes, world_size, alpha, bandwidth)
+        spans.append(CommSpan(b.index, r, start, free))
+    return spans
+
+
+def alpha_beta_timeline(params: Sequence[Param], limits: Sequence[int],
+                        order: Sequence[int] | None = None, *, world_size: int = DEFAULT_WORLD_SIZE,
+                        alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWIDTH,
+                        batch: int = DEFAULT_BATCH, flops: float = DEFAULT_FLOPS) -> Timeline:
+    """Backward layer after layer (each layer's gradients ready at its end), buckets from
+    ``assign_buckets``, AllReduces timed by ``costs.alpha_beta_time`` and serialised."""
+    int_at_least("world_size", world_size, 2)
+    non_negative("alpha", alpha)
+    order = list(range(len(params)))[::-1] if order is None else list(order)
+    buckets = assign_buckets(params, limits, order)
+    layers, ready, t = [], [0.0] * len(params), 0.0
+    for name, dt, ix in layer_times(params, order, batch, flops):
+        layers.append(LayerSpan(name, t, t + dt, ix))
+        t += dt
+        for i in ix:
+            ready[i] = t
+    comms = _serialise(buckets, ready, world_size, alpha, bandwidth)
+    total_bytes = sum(p.nbytes for p in params)
+    baseline = t + alpha_beta_time("all_reduce", total_bytes, world_size, alpha, bandwidth)
+    label = (f"Thời gian: mô hình alpha-beta (α = {vi_num(alpha * 1e6, 0)} µs, băng thông "
+             f"{vi_num(bandwidth / 1e9, 2)} GB/s, N = {world_size}; tính toán ∝ số tham số, "
+             f"{vi_num(flops / 1e9, 1)} GFLOP/s)")
+    return Timeline("alpha-beta", label, tuple(params), tuple(buckets), tuple(layers),
+                    tuple(comms), tuple(ready), t, max(t, comms[-1].end), baseline,
+                    (limits[0], limits[-1]))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Alpha-beta step time of three ways to synchronise gradients, and their AllReduce counts."""
+
+    per_param: float
+    buckets: float
+    no_overlap: float
+    n_per_param: int
+    n_buckets: int
+    cap: int  # bytes, the bucket cap of (b)
+    label: str  # the alpha-beta constants, for the figure
+
+    @property
+    def best(self) -> str:
+        return min(("per_param", "buckets", "no_overlap"), key=lambda k: getattr(self, k))
+
+
+def compare_strategies(params: Sequence[Param], limits: Sequence[int],
+                       order: Sequence[int] | None = None, **model) -> Comparison:
+    """(a) one AllReduce per parameter (a 1-byte cap closes a bucket at every tensor),
+    (b) DDP's buckets with ``limits``, (c) one AllReduce after the whole backward (the
+    no-overlap baseline). ``model``: keyword arguments of ``alpha_beta_timeline``."""
+    per = alpha_beta_timeline(params, [1], order, **model)
+    buck = alpha_beta_timeline(params, limits, order, **model)
+    return Comparison(per.total, buck.total, buck.baseline_total, len(per.buckets),
+                      len(buck.buckets), limits[-1], buck.label)
+
+
+def measured_timeline(tr: DdpTrace) -> Timeline:
+    """The recorded backward as a ``Timeline``: a layer ends when its last gradient is ready,
+    a bucket's AllReduce runs from its hook call to its future's completion."""
+    params = tr.params
+    buckets = tuple(Bucket(k, ix, sum(params[i].nbytes for i in ix), 0)  # limit: not recorded
+                    for k, ix in enumerate(tr.buckets))
+    seq = sorted(range(len(params)), key=lambda i: tr.ready_s[i])
+    layers, t = [], 0.0
+    for name, _, ix in layer_times(params, seq):
+        end = max(tr.ready_s[i] for i in ix)
+        layers.append(LayerSpan(name, t, end, ix))
+        t = end
+    comms = tuple(CommSpan(k, max(tr.ready_s[i] for i in ix), tr.hook_s[k], tr.done_s[k])
+                  for k, ix in enumerate(tr.buckets))
+    label = (f"Thời gian: ĐO trên máy này (gloo, {tr.world_size} rank CPU, batch {tr.batch}, "
+             "một bước sau khởi động, rank 0)")
+    limits = cap_limits(tr.bucket_cap_mb, tr.first_bucket_cap_mb)
+    return Timeline("measured", label, params, buckets, tuple(layers), comms, tr.ready_s,
+                    t, tr.backward_s, tr.baseline_s, (limits[0], limits[1]),
+                    tr.baseline_compute_s)
+
+
+def vi_num(x: float, d: int) -> str:
+    """Vietnamese number: decimal comma."""
+    return f"{x:.{d}f}".replace(".", ",")
