@@ -145,7 +145,7 @@ def test_player_builds_fast_for_the_largest_setting():
     html = player.to_html()
     elapsed = time.perf_counter() - t0
     assert elapsed < 0.5, elapsed
-    assert len(player.frames) == 8 and "Sổ cái VRAM" in html
+    assert len(player.frames) == 8 and "Sổ kế toán VRAM" in html
 
 
 def test_live_controls_build():

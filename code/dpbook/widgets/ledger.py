@@ -409,7 +409,7 @@ def ledger_player(preset: str = "llama-7b", *, presentation: bool = False, **kwa
     top = axis_top(frames)
     label = presets()[preset].label
     return Player([Frame(render(f, top), f.caption) for f in frames],
-                  title=f"Sổ cái VRAM mỗi rank: {label}, N = "
+                  title=f"Sổ kế toán VRAM mỗi rank: {label}, N = "
                         + ", ".join(str(f.world_size) for f in frames),
                   presentation=presentation, interval_ms=1800)
 
