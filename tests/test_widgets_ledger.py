@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from dpbook import memory
+from dpbook import memory, shapes
 from dpbook.models import MLP, num_params
 from dpbook.widgets import ledger as L
 from dpbook.widgets.svg import PALETTE
@@ -19,7 +19,7 @@ GPT2_SMALL = 124_439_808
 
 
 def test_preset_parameter_counts_are_the_published_ones():
-    p = L.presets()
+    p = shapes.presets()
     assert p["llama-7b"].num_params == LLAMA_7B
     assert p["gpt2-124m"].num_params == GPT2_SMALL  # tied embeddings: no separate head
     assert p["llama-13b"].num_params == 13_015_864_320
@@ -30,17 +30,17 @@ def test_preset_parameter_counts_are_the_published_ones():
     assert p["mlp"].largest_unit == 32 * 32 + 32
 
 
-@pytest.mark.parametrize("key", sorted(L.SHAPES))
+@pytest.mark.parametrize("key", sorted(shapes.SHAPES))
 def test_meta_device_model_has_the_closed_form_count(key):
-    model = L.meta_model(L.SHAPES[key][1])
+    model = shapes.meta_model(shapes.SHAPES[key][1])
     assert all(p.device == torch.device("meta") for p in model.parameters())
-    assert num_params(model) == L.num_params_of(L.SHAPES[key][1])
+    assert num_params(model) == shapes.num_params_of(shapes.SHAPES[key][1])
 
 
 @pytest.mark.parametrize("precision", memory.PRECISIONS)
 @pytest.mark.parametrize("phase", memory.PHASES)
 def test_bars_are_vram_ledger(precision, phase):
-    p = L.presets()["llama-13b"]
+    p = shapes.presets()["llama-13b"]
     frames = L.ledger_frames("llama-13b", strategies=memory.STRATEGIES, precision=precision,
                              optimizer="sgd_momentum", phase=phase, shard_size=4,
                              activation_bytes=3 * GB)
@@ -76,7 +76,7 @@ def test_llama_7b_mixed_adam_fit_verdicts():
     assert ddp.fits == (False, False, False, True)  # 24, 40, 80 no; 141 GB yes
     full = by_n[8]["FULL_SHARD"]
     # phase="step" (the default): 16 P / N, plus the gathered bf16 layer being computed
-    unit = L.presets()["llama-7b"].largest_unit
+    unit = shapes.presets()["llama-7b"].largest_unit
     assert full.ledger.state == 16 * LLAMA_7B / 8 + 2 * unit * 7 / 8
     assert all(full.fits)  # 13.8 GB per rank, even on 24 GB
     assert by_n[2]["FULL_SHARD"].fits == (False, False, True, True)

@@ -3,12 +3,8 @@
 Model (pure data, ``ledger_frames``): for a model preset, a precision and an optimizer, one
 ``LedgerFrame`` per world size, each with one ``Bar`` per strategy. Every number in a bar is
 ``dpbook.memory.vram_ledger``'s, never recomputed here; this module only adds the parameter
-counts of the presets and the verdict "does it fit on a GPU of G GB".
-
-Parameter counts are computed from the architecture, not typed in: ``num_params_of`` is the
-closed form, ``meta_model`` builds the same shapes on ``torch.device("meta")`` (no memory) so the
-tests can check one against the other. ``largest_unit`` is the biggest FSDP unit (one
-Transformer layer, or the embedding if larger), which ``phase="step"`` needs for FULL_SHARD.
+counts of the presets (``dpbook.shapes``, computed from the architecture, not typed in) and
+the verdict "does it fit on a GPU of G GB".
 
 Fitting: a configuration fits on a GPU of G GB when the ledger's total per rank is at most
 G x 10^9 bytes (decimal GB, as the chapter uses). That is optimistic: the CUDA context,
@@ -22,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from ..checks import int_at_least, non_negative, one_of
 from ..memory import OPTIMIZERS, PHASES, PRECISIONS, STRATEGIES, Ledger, vram_ledger
+from ..shapes import presets
 from .player import Frame, Player
 from .svg import PALETTE, Svg
 
@@ -35,94 +32,6 @@ NOTES = {"DDP": "không shard", "NO_SHARD": "không shard", "ZeRO-1": "shard b�
          "SHARD_GRAD_OP": "giữ tham số đủ", "HYBRID_SHARD": "shard trong nhóm"}
 KINDS = (("params", "tham số", "blue"), ("grads", "gradient", "orange"),
          ("optimizer", "trạng thái bộ tối ưu", "green"), ("activations", "activation", "purple"))
-
-
-@dataclass(frozen=True)
-class Transformer:
-    """The shape of a decoder-only Transformer. ``style``: "gpt2" (LayerNorm with bias, biased
-    linears, learned positions, tied head) or "llama" (RMSNorm, no biases, SwiGLU MLP with three
-    matrices, untied head, ``kv_heads`` < ``heads`` for grouped-query attention)."""
-
-    vocab: int
-    d_model: int
-    layers: int
-    heads: int
-    mlp: int
-    style: str = "llama"
-    kv_heads: int | None = None
-    context: int = 0
-
-    @property
-    def d_kv(self) -> int:
-        return self.d_model * (self.kv_heads or self.heads) // self.heads
-
-
-def layer_params(s: Transformer) -> int:
-    """Parameters of one Transformer layer (attention, MLP, two norms)."""
-    d = s.d_model
-    if s.style == "gpt2":
-        return (d * 3 * d + 3 * d) + (d * d + d) + (d * s.mlp + s.mlp) + (s.mlp * d + d) + 4 * d
-    return 2 * d * d + 2 * d * s.d_kv + 3 * d * s.mlp + 2 * d
-
-
-def num_params_of(s: Transformer) -> int:
-    """Closed form: embeddings, layers, final norm and (untied) output head."""
-    embed = s.vocab * s.d_model + s.context * s.d_model
-    if s.style == "gpt2":
-        return embed + s.layers * layer_params(s) + 2 * s.d_model  # head tied to wte
-    return 2 * embed + s.layers * layer_params(s) + s.d_model
-
-
-def meta_model(s: Transformer):
-    """The same shapes as real ``nn.Module``s on the meta device: sizes without memory."""
-    import torch
-    from torch import nn
-
-    gpt2 = s.style == "gpt2"
-    norm = (lambda: nn.LayerNorm(s.d_model)) if gpt2 else (lambda: nn.RMSNorm(s.d_model))
-    lin = functools.partial(nn.Linear, bias=gpt2)
-
-    def layer():
-        attn = [lin(s.d_model, 3 * s.d_model)] if gpt2 else \
-            [lin(s.d_model, s.d_model), lin(s.d_model, 2 * s.d_kv)]
-        mlp = [lin(s.d_model, s.mlp), lin(s.mlp, s.d_model)]
-        mlp += [] if gpt2 else [lin(s.d_model, s.mlp)]  # SwiGLU's third matrix
-        return nn.ModuleList([norm(), *attn, lin(s.d_model, s.d_model), norm(), *mlp])
-
-    with torch.device("meta"):
-        parts = [nn.Embedding(s.vocab, s.d_model), *(layer() for _ in range(s.layers)), norm()]
-        parts += [nn.Embedding(s.context, s.d_model)] if s.context else []
-        parts += [] if gpt2 else [nn.Linear(s.d_model, s.vocab, bias=False)]
-        return nn.ModuleList(parts)
-
-
-@dataclass(frozen=True)
-class Preset:
-    label: str
-    num_params: int
-    largest_unit: int  # parameters of the biggest FSDP unit (for phase="step")
-
-
-SHAPES = {
-    "gpt2-124m": ("GPT-2 124M", Transformer(50257, 768, 12, 12, 3072, "gpt2", context=1024)),
-    "llama-7b": ("LLaMA-7B", Transformer(32000, 4096, 32, 32, 11008)),
-    "llama-13b": ("LLaMA-13B", Transformer(32000, 5120, 40, 40, 13824)),
-    # Llama 2 70B: grouped-query attention with 8 key/value heads.
-    "llama-70b": ("LLaMA-70B", Transformer(32000, 8192, 80, 64, 28672, kv_heads=8)),
-}
-
-
-@functools.cache
-def presets() -> dict[str, Preset]:
-    """Every preset, the package's small ``MLP`` first (counted on a real instance)."""
-    from ..models import MLP, num_params
-
-    mlp = MLP()
-    out = {"mlp": Preset("MLP nhỏ (dpbook)", num_params(mlp),
-                         max(num_params(b) for b in mlp.blocks))}
-    for key, (label, s) in SHAPES.items():
-        out[key] = Preset(label, num_params_of(s), max(layer_params(s), s.vocab * s.d_model))
-    return out
 
 
 @dataclass(frozen=True)
