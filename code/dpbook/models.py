@@ -5,31 +5,44 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .checks import int_at_least
+from .checks import int_at_least, one_of
+
+
+NORMS = (None, "batch")
 
 
 class Block(nn.Module):
-    """Linear + ReLU: the unit that FSDP wraps (one shard unit per block)."""
+    """Linear + ReLU: the unit that FSDP wraps (one shard unit per block). With
+    ``norm="batch"``, a ``BatchNorm1d`` sits between the linear layer and the ReLU: the output
+    of a sample then depends on the other samples of its batch (section 4.1.1)."""
 
-    def __init__(self, in_dim: int, out_dim: int):
+    def __init__(self, in_dim: int, out_dim: int, norm: str | None = None):
         super().__init__()
+        one_of("norm", norm, NORMS)
         self.linear = nn.Linear(in_dim, out_dim)
+        if norm == "batch":
+            self.norm = nn.BatchNorm1d(out_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.linear(x))
+        x = self.linear(x)
+        if hasattr(self, "norm"):
+            x = self.norm(x)
+        return torch.relu(x)
 
 
 class MLP(nn.Module):
     """``depth`` blocks then a linear head. The head belongs to the root module on purpose:
-    it shows how FSDP treats parameters that no inner unit owns."""
+    it shows how FSDP treats parameters that no inner unit owns. ``norm="batch"`` puts a
+    ``BatchNorm1d`` in every block."""
 
-    def __init__(self, in_dim: int = 16, hidden: int = 32, depth: int = 3, out_dim: int = 4):
+    def __init__(self, in_dim: int = 16, hidden: int = 32, depth: int = 3, out_dim: int = 4,
+                 norm: str | None = None):
         super().__init__()
         for name, value in (("in_dim", in_dim), ("hidden", hidden), ("depth", depth),
                             ("out_dim", out_dim)):
             int_at_least(name, value)
         dims = [in_dim] + [hidden] * depth
-        self.blocks = nn.ModuleList(Block(a, b) for a, b in zip(dims, dims[1:]))
+        self.blocks = nn.ModuleList(Block(a, b, norm) for a, b in zip(dims, dims[1:]))
         self.head = nn.Linear(hidden, out_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .averaging import flat_grad, loss_fn
 from .checks import one_of
 from .launch import device
 from .models import Block
@@ -116,10 +117,14 @@ def apply_parallel(model: nn.Module, par: Parallel) -> nn.Module:
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
-               y: torch.Tensor) -> float:
-    """One step of mean-squared-error regression; returns this rank's loss."""
-    loss = nn.functional.mse_loss(model(x), y)
+               y: torch.Tensor, reduction: str = "mean", grads_out: list | None = None) -> float:
+    """One step of mean-squared-error regression (``reduction`` over the rank's batch); returns
+    this rank's loss. If ``grads_out`` is a list, the flat gradient that the optimizer applies
+    (after DDP's AllReduce) is appended to it."""
+    loss = loss_fn(model(x), y, reduction)
     loss.backward()
+    if grads_out is not None:
+        grads_out.append(flat_grad(model))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.item()
@@ -136,33 +141,89 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in sd.items()}
 
 
-def fit(rank: int = 0, world_size: int = 1, par: Parallel | None = None, steps: int = 5,
-        batch_size: int = 8, lr: float = 0.05, model_kwargs: dict | None = None,
-        dtype: torch.dtype = torch.float64) -> dict:
-    """Train a small MLP with SGD on synthetic data; usable as a ``launch.spawn`` rank function.
-
-    Each step takes the next global batch of ``batch_size * world_size`` samples; rank ``r``
-    trains on its ``r``-th slice. With ``par=None`` (one process, ``world_size=1``) the same
-    code is the single-process reference: same initial weights, same global batches. Returns
-    the per-step losses of this rank and the full final weights.
-    """
-    from .data import synthetic_regression
+def build_model(par: Parallel | None, world_size: int, model_kwargs: dict | None = None,
+                dtype: torch.dtype = torch.float64, sync_batchnorm: bool = False):
+    """The chapter's MLP (``models.build_mlp(**model_kwargs)``) in ``dtype``, its BatchNorm
+    layers turned into ``SyncBatchNorm`` if ``sync_batchnorm``, then wrapped as ``par`` says
+    (``None``: one process, not wrapped). Returns ``(model, wrapped)``."""
     from .models import build_mlp
 
     if par is None and world_size != 1:
         raise ValueError("par=None (không song song) chỉ dùng với world_size=1.")
     model = build_mlp(**(model_kwargs or {})).to(dtype)
-    wrapped = model if par is None else apply_parallel(model, par)
+    if sync_batchnorm:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return model, (model if par is None else apply_parallel(model, par))
+
+
+def fit(rank: int = 0, world_size: int = 1, par: Parallel | None = None, steps: int = 5,
+        batch_size: int = 8, lr: float = 0.05, model_kwargs: dict | None = None,
+        dtype: torch.dtype = torch.float64, sync_batchnorm: bool = False,
+        reduction: str = "mean", record: bool = False) -> dict:
+    """Train a small MLP with SGD on synthetic data; usable as a ``launch.spawn`` rank function.
+
+    Each step takes the next global batch of ``batch_size * world_size`` samples; rank ``r``
+    trains on its ``r``-th slice. With ``par=None`` (one process, ``world_size=1``) the same
+    code is the single-process reference: same initial weights, same global batches. Returns
+    the per-step losses of this rank and the full final weights (buffers included).
+    ``sync_batchnorm=True`` converts BatchNorm layers to ``SyncBatchNorm`` before wrapping
+    (PyTorch accepts this only for inputs on a GPU). ``reduction="sum"`` sums the loss over the
+    rank's batch instead of averaging it. ``record=True`` (DDP or one process) also returns
+    ``grads``, the flat gradient applied at the first step, and, for a model with BatchNorm,
+    ``bn``: the statistics its first BatchNorm layer normalised with at the first step on this
+    rank and over all ranks (see ``first_batchnorm_stats``).
+    """
+    from .data import synthetic_regression
+
+    if record and par is not None and par.method != "ddp":
+        raise ValueError("record=True chỉ dùng với một process (par=None) hoặc DDP: với FSDP, "
+                         "mỗi rank chỉ giữ một mảnh gradient.")
+    model, wrapped = build_model(par, world_size, model_kwargs, dtype, sync_batchnorm)
     dev = next(wrapped.parameters()).device
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=lr)
     global_batch = batch_size * world_size
     ds = synthetic_regression(steps * global_batch, model.blocks[0].linear.in_features,
                               model.head.out_features)
     x_all, y_all = (t.to(dtype) for t in ds.tensors)
-    losses = []
+    losses, grads = [], []
+    seen = record_batchnorm_input(model) if record else []
     for step in range(steps):
         start = step * global_batch + rank * batch_size
         x = x_all[start:start + batch_size].to(dev)
         y = y_all[start:start + batch_size].to(dev)
-        losses.append(train_step(wrapped, optimizer, x, y))
-    return {"losses": losses, "state": full_state_dict(wrapped)}
+        out = grads if record and step == 0 else None
+        losses.append(train_step(wrapped, optimizer, x, y, reduction, grads_out=out))
+    result = {"losses": losses, "state": full_state_dict(wrapped)}
+    if record:
+        result["grads"] = grads[0]
+        if seen:
+            result["bn"] = first_batchnorm_stats(seen[0])
+    return result
+
+
+def record_batchnorm_input(model: nn.Module) -> list:
+    """Hook the first BatchNorm layer of ``model``: the returned list receives its first input
+    (the activations it normalises at the first step); stays empty for a model without one."""
+    seen: list = []
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.register_forward_pre_hook(
+                lambda _m, args: None if seen else seen.append(args[0].detach()))
+            break
+    return seen
+
+
+def first_batchnorm_stats(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-feature mean and biased variance of ``x`` (a BatchNorm input, samples x features) on
+    this rank (``mean``, ``var``) and over the samples of every rank (``global_mean``,
+    ``global_var``): the count, the sum and the sum of squares are all-reduced, which is the
+    agreement ``SyncBatchNorm`` reaches before normalising."""
+    c = x.shape[1]
+    s = torch.cat([x.new_tensor([x.shape[0]]), x.sum(0), (x * x).sum(0)])
+    if dist.is_initialized():
+        dist.all_reduce(s)
+    global_mean = s[1:c + 1] / s[0]
+    stats = {"mean": x.mean(0), "var": x.var(0, unbiased=False), "global_mean": global_mean,
+             "global_var": s[c + 1:] / s[0] - global_mean**2}
+    return {k: v.cpu() for k, v in stats.items()}
+
