@@ -133,3 +133,29 @@ def naive_all_reduce_bytes(nbytes: float, world_size: int) -> float:
     non_negative("nbytes", nbytes)
     int_at_least("world_size", world_size)
     return (world_size - 1) * nbytes
+
+
+@dataclass(frozen=True)
+class ServerVolume:
+    """Bytes one node sends (and, as much, receives) in one synchronous step with dedicated
+    parameter servers: each of ``num_servers`` servers owns ``1/num_servers`` of the buffer."""
+
+    worker: float  # a worker pushes its whole gradient and pulls the whole update
+    server: float  # a server gets its shard from every worker and sends it back to each
+
+    @property
+    def busiest(self) -> float:
+        return max(self.worker, self.server)
+
+
+def parameter_server_bytes(nbytes: float, world_size: int, num_servers: int = 1) -> ServerVolume:
+    """Parameter-server step with ``world_size`` workers and ``num_servers`` separate servers.
+
+    A worker sends ``nbytes`` (its gradient, split over the servers) and receives ``nbytes``;
+    a server receives ``world_size`` shards of ``nbytes / num_servers`` and sends as much back.
+    With one server this is the naive scheme's load, ``N * nbytes``, on a machine of its own.
+    """
+    non_negative("nbytes", nbytes)
+    int_at_least("world_size", world_size)
+    int_at_least("num_servers", num_servers)
+    return ServerVolume(worker=float(nbytes), server=world_size * nbytes / num_servers)

@@ -1,0 +1,134 @@
+"""Section 4.1.4 (buckets and overlap): the alpha-beta argument in ``dpbook.bucket_analysis`` and
+gradient accumulation with ``no_sync`` in ``dpbook.accumulation``."""
+
+import matplotlib
+import pytest
+import torch
+
+from dpbook import accumulation as A
+from dpbook import bucket_analysis as BX
+from dpbook import buckets as BA
+from dpbook import costs, launch
+from dpbook.averaging import flat_grad, loss_fn
+from dpbook.models import build_bucket_net
+from dpbook.widgets import bucket_timeline as TL
+from dpbook.widgets import buckets as B
+
+matplotlib.use("Agg")
+
+
+@pytest.mark.parametrize("n, alpha, beta", [(2, 50e-6, 1e9), (8, 5e-6, 100e9), (64, 1e-6, 2e10)])
+def test_half_size_balances_latency_and_transfer(n, alpha, beta):
+    half = BX.half_size(n, alpha, beta)
+    assert half == pytest.approx(n * alpha * beta)
+    t = costs.alpha_beta_time("all_reduce", half, n, alpha, beta)
+    assert t == pytest.approx(2 * 2 * (n - 1) * alpha)  # latency == transfer at n_1/2
+    assert BX.transfer_share(half, n, alpha, beta) == pytest.approx(0.5)
+    for size in (1, 10**3, 10**6, 10**9):
+        t = costs.alpha_beta_time("all_reduce", size, n, alpha, beta)
+        xfer = costs.ring_bytes("all_reduce", size, n) / beta
+        assert BX.transfer_share(size, n, alpha, beta) == pytest.approx(xfer / t)
+
+
+def test_transfer_share_edges():
+    assert BX.transfer_share(0) == 0.0
+    assert BX.transfer_share(1e12) > 0.999
+    assert BX.transfer_share(10, alpha=0.0) == 1.0
+
+
+@pytest.mark.parametrize("kwargs", [dict(world_size=1), dict(alpha=-1.0), dict(bandwidth=0.0),
+                                    dict(world_size=2.5)])
+def test_half_size_rejects_bad_arguments(kwargs):
+    with pytest.raises(ValueError):
+        BX.half_size(**kwargs)
+
+
+def test_transfer_share_rejects_negative_bytes():
+    with pytest.raises(ValueError, match="nbytes"):
+        BX.transfer_share(-1)
+
+
+@pytest.mark.parametrize("cap", [1e-4, 0.02, 0.1, 0.3, None])
+def test_bucket_lower_bound_holds(cap):
+    params, order = B.demo_params()
+    tl = TL.alpha_beta_timeline(params, BA.cap_limits(cap), order)
+    bound = BX.bucket_lower_bound(tl)
+    t = [costs.alpha_beta_time("all_reduce", b.nbytes, TL.DEFAULT_WORLD_SIZE, TL.DEFAULT_ALPHA,
+                               TL.DEFAULT_BANDWIDTH) for b in tl.buckets]
+    assert bound == max(tl.compute_end + t[-1], sum(t))
+    assert bound <= tl.total + 1e-15
+
+
+def test_cap_sweep_ends_are_the_naive_strategies():
+    params, order = B.demo_params()
+    cmp = TL.compare_strategies(params, BA.cap_limits(0.1), order)
+    sweep = BX.cap_sweep(params, order, [1e-4, 0.1, 10.0])
+    assert [n for _, n, _ in sweep] == [len(params), cmp.n_buckets, 1]
+    assert [t for _, _, t in sweep] == [cmp.per_param, cmp.buckets, cmp.no_overlap]
+
+
+def test_figures_draw():
+    import matplotlib.pyplot as plt
+
+    params, order = B.demo_params()
+    fig1 = BX.allreduce_cost_figure()
+    fig2 = BX.cap_sweep_figure(params, order, [1e-3, 0.1, 1.0])
+    assert fig1.axes[0].get_xlabel() and fig2.axes[0].get_xlabel() == "bucket_cap_mb (MiB)"
+    plt.close("all")
+
+
+def test_micro_slices_partition_the_global_batch():
+    n, k, b = 3, 4, 5
+    x, y = A.global_batch(n, k, b)
+    assert x.shape == (n * k * b, 32) and y.shape == (n * k * b, A.OUT_DIM)
+    assert x.dtype == y.dtype == torch.float64
+    rows = sorted(i for r in range(n) for s in range(k)
+                  for i in range(*A.micro_slice(r, n, s, b).indices(len(x))))
+    assert rows == list(range(len(x)))
+
+
+def test_reference_is_the_mean_of_micro_batch_gradients():
+    """The arithmetic behind no_sync, in one process: the mean of the per-micro-batch
+    gradients (what DDP's averaged accumulation computes) is the global-batch gradient."""
+    n, k, b = 2, 3, 4
+    model = build_bucket_net().double()
+    x, y = A.global_batch(n, k, b)
+    for r in range(n):
+        for s in range(k):
+            rows = A.micro_slice(r, n, s, b)
+            (loss_fn(model(x[rows]), y[rows]) / (k * n)).backward()
+    summed = flat_grad(model)
+    assert torch.allclose(summed, A.reference_gradient(n, k, b), atol=1e-12, rtol=0)
+
+
+def test_accumulate_worker_rejects_bad_modes():
+    with pytest.raises(ValueError, match="modes"):
+        A.accumulate_worker(0, 2, modes=("tắt",))
+    with pytest.raises(ValueError, match="accumulation_steps"):
+        A.accumulate_worker(0, 2, accumulation_steps=0)
+
+
+@pytest.mark.distributed
+def test_no_sync_skips_every_allreduce_but_the_last():
+    k, b = 3, 4
+    out = launch.spawn(A.accumulate_worker, world_size=2, backend="gloo", output="none",
+                       accumulation_steps=k, micro_batch=b)
+    model = build_bucket_net().double()
+    params = BA.model_params(model)
+    order = BA.ready_order(model, torch.randn(2, 32, dtype=torch.float64))
+    bucket_bytes = [bk.nbytes for bk in BA.assign_buckets(params, BA.cap_limits(None), order)]
+    reference = A.reference_gradient(2, k, b)
+    for r in out:
+        psi = r["grad_bytes"]
+        assert psi == sum(bucket_bytes) == 8 * sum(p.numel for p in params)
+        no_sync = r["runs"]["no_sync"]["records"]
+        assert all(recs == [] for recs in no_sync[:-1])
+        assert [x.nbytes for x in no_sync[-1]] == bucket_bytes
+        assert {x.collective for x in no_sync[-1]} == {"all_reduce"}
+        for mode in ("sync_every", "no_sync_backward_only"):
+            records = r["runs"][mode]["records"]
+            assert all([x.nbytes for x in recs] == bucket_bytes for recs in records)
+        for mode in A.MODES:
+            assert torch.allclose(r["runs"][mode]["grad"], reference, atol=1e-12, rtol=0)
+    for mode in A.MODES:
+        assert torch.equal(out[0]["runs"][mode]["grad"], out[1]["runs"][mode]["grad"])
