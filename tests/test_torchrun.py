@@ -1,0 +1,83 @@
+"""``dpbook.torchrun``: command lines, two agents emulating two nodes, timeouts without orphans."""
+
+import os
+import sys
+import textwrap
+
+import pytest
+
+from dpbook import torchrun
+
+SCRIPT = textwrap.dedent("""
+    import os, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.tensor([dist.get_rank() + 1.0])
+    dist.all_reduce(t)
+    print("rank", os.environ["RANK"], "local", os.environ["LOCAL_RANK"],
+          "world", os.environ["WORLD_SIZE"], "sum", int(t.item()), flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def test_single_node_command_is_standalone():
+    cmd = torchrun.command("dpbook.train", ["--epochs", 1], nproc_per_node=2, max_restarts=3)
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--standalone" in cmd and "--max_restarts=3" in cmd
+    assert cmd[-4:] == ["-m", "dpbook.train", "--epochs", "1"]
+
+
+def test_multi_node_command_uses_c10d_rendezvous():
+    cmd = torchrun.command("train.py", nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29500",
+                           module=False)
+    assert "--rdzv_backend=c10d" in cmd and "--rdzv_endpoint=10.0.0.1:29500" in cmd
+    assert "--nnodes=2" in cmd and "--standalone" not in cmd and cmd[-1] == "train.py"
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(nproc_per_node=0), "nproc_per_node"),
+    (dict(nnodes=2), "rdzv_endpoint"),
+    (dict(nnodes=2, node_rank=2, rdzv_endpoint="h:1"), "node_rank"),
+    (dict(max_restarts=-1), "max_restarts"),
+])
+def test_bad_arguments_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        torchrun.command("x", **kwargs)
+
+
+@pytest.mark.distributed
+def test_two_agents_form_one_world(tmp_path):
+    script = tmp_path / "allreduce.py"
+    script.write_text(SCRIPT)
+    results = torchrun.run(str(script), module=False, nproc_per_node=2, nnodes=2, timeout=120)
+    lines = sorted(line for r in results for line in r.output.splitlines()
+                   if line.startswith("rank "))
+    assert lines == [f"rank {g} local {g % 2} world 4 sum 10" for g in range(4)]
+    # each agent started its own two workers
+    for r in results:
+        ranks = {int(l.split()[1]) for l in r.output.splitlines() if l.startswith("rank ")}
+        assert len(ranks) == 2
+
+
+def _alive(pids):
+    return [p for p in pids if os.path.exists(f"/proc/{p}")]
+
+
+@pytest.mark.distributed
+def test_timeout_kills_agents_and_workers(tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text("import os, time\nprint('pid', os.getpid(), flush=True)\ntime.sleep(300)\n")
+    with pytest.raises(TimeoutError, match="chưa xong sau 8 s") as info:
+        torchrun.run(str(script), module=False, nproc_per_node=2, timeout=8)
+    pids = [int(w.split()[1]) for w in str(info.value).splitlines() if w.startswith("pid ")]
+    assert len(pids) == 2 and _alive(pids) == []
+
+
+@pytest.mark.distributed
+def test_failure_is_reported_with_output(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text("raise SystemExit('hỏng có chủ ý')\n")
+    with pytest.raises(RuntimeError, match="torchrun thất bại ở node") as info:
+        torchrun.run(str(script), module=False, nproc_per_node=1, timeout=60)
+    assert "hỏng có chủ ý" in str(info.value)
+    results = torchrun.run(str(script), module=False, nproc_per_node=1, timeout=60, check=False)
+    assert results[0].returncode != 0 and not results[0].ok
