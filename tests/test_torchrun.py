@@ -59,16 +59,26 @@ def test_two_agents_form_one_world(tmp_path):
 
 
 def _alive(pids):
-    return [p for p in pids if os.path.exists(f"/proc/{p}")]
+    """Processes still running (a zombie waiting for init to reap it counts as dead)."""
+    alive = []
+    for pid in pids:
+        try:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
 
 
 @pytest.mark.distributed
 def test_timeout_kills_agents_and_workers(tmp_path):
     script = tmp_path / "hang.py"
-    script.write_text("import os, time\nprint('pid', os.getpid(), flush=True)\ntime.sleep(300)\n")
-    with pytest.raises(TimeoutError, match="chưa xong sau 8 s") as info:
-        torchrun.run(str(script), module=False, nproc_per_node=2, timeout=8)
-    pids = [int(w.split()[1]) for w in str(info.value).splitlines() if w.startswith("pid ")]
+    script.write_text(f"import os, time\nopen(os.path.join({str(tmp_path)!r}, f'pid{{os.getpid()}}'), 'w')"
+                      "\ntime.sleep(300)\n")
+    with pytest.raises(TimeoutError, match="chưa xong sau 15 s") :
+        torchrun.run(str(script), module=False, nproc_per_node=2, timeout=15)
+    pids = [int(f.name[3:]) for f in tmp_path.glob("pid*")]
     assert len(pids) == 2 and _alive(pids) == []
 
 
