@@ -11,6 +11,7 @@ timeout the whole process tree of every agent is killed, not only the agents.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -114,13 +115,48 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+# A caller that is itself a rank (a test inside spawn, a notebook started by torchrun) must not
+# leak its identity into the ranks it starts.
+_IDENTITY = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+             "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID")
+
+
 def _env(extra: dict | None) -> dict:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in _IDENTITY}
     # One thread per worker: on a small machine N workers x all cores oversubscribe the CPU.
     env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONUNBUFFERED"] = "1"
+    # No PYTHONUNBUFFERED: unbuffered, print() writes the text and the newline separately and the
+    # lines of workers sharing one log interleave mid-line; print(..., flush=True) writes whole.
     env.update({k: str(v) for k, v in (extra or {}).items()})
     return env
+
+
+def display(cmd) -> str:
+    """``cmd`` as a reader would type it: ``torchrun ...`` instead of ``python -m
+    torch.distributed.run ...``."""
+    cmd = [str(c) for c in cmd]
+    if cmd[1:3] == ["-m", "torch.distributed.run"]:
+        cmd = ["torchrun"] + cmd[3:]
+    return " ".join(cmd)
+
+
+def run_process(cmd, timeout: float = 120.0, env: dict | None = None,
+                cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Run one command (a torchrun agent, ``python -m ...``) with stdout and stderr merged into
+    ``stdout``; after ``timeout`` seconds kill its whole process tree and raise ``TimeoutError``."""
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout phải là số giây dương, nhận được {timeout!r}.")
+    cmd = [str(c) for c in cmd]
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(env),
+                                cwd=cwd)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc)
+            raise TimeoutError(f"Lệnh chạy quá {timeout:g} s và đã bị dừng (cùng mọi process "
+                               f"con): {display(cmd)}\n{_read(log)[-2000:]}") from None
+        return subprocess.CompletedProcess(cmd, proc.returncode, _read(log), None)
 
 
 def run(target: str, args=(), *, nproc_per_node: int = 2, nnodes: int = 1,
@@ -159,6 +195,18 @@ def run(target: str, args=(), *, nproc_per_node: int = 2, nnodes: int = 1,
                            for r in bad)
         raise RuntimeError(f"torchrun thất bại ở node {[r.node_rank for r in bad]}:\n{detail}")
     return results
+
+
+def json_records(results: list[AgentResult], tag: str) -> list[dict]:
+    """The JSON objects that workers printed as ``<tag> {...}`` lines, in output order, each
+    with an ``agent`` key: the index of the agent (emulated node) whose output it came from.
+    Other lines (torchrun's own warnings, progress) are skipped."""
+    records = []
+    for r in results:
+        for line in r.output.splitlines():
+            if line.startswith(tag + " "):
+                records.append({**json.loads(line[len(tag) + 1:]), "agent": r.node_rank})
+    return records
 
 
 def _read(log) -> str:

@@ -227,3 +227,11 @@ def first_batchnorm_stats(x: torch.Tensor) -> dict[str, torch.Tensor]:
              "global_var": s[c + 1:] / s[0] - global_mean**2}
     return {k: v.cpu() for k, v in stats.items()}
 
+
+
+if __name__ == "__main__":
+    # ``python -m dpbook.train ...`` and ``torchrun ... -m dpbook.train ...`` land here: the
+    # complete DDP script of section 4.2.2 (``__package__`` is set under -m, so this works).
+    from .ddp_script import main
+
+    raise SystemExit(main())
