@@ -1,0 +1,126 @@
+"""What ``torchrun`` tells each worker (section 4.2.4), as a torchrun target.
+
+``torchrun --nnodes=2 --nproc_per_node=2 ... -m dpbook.torchrun_env`` starts workers that
+join one process group from the variables ``torchrun`` set (``init_from_env``), check it with
+one AllReduce and print one JSON line each, tagged ``TAG``: the variables, the host, the process
+id, the backend and the device. ``dpbook.torchrun.json_records`` reads those lines back from
+the agents' outputs, and ``layout_problems`` checks the rank arithmetic they must obey.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from .launch import device
+
+TAG = "DPBOOK_ENV"
+# Variables torchrun sets in every worker; integers first, then strings.
+INT_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+            "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_PORT",
+            "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+STR_VARS = ("MASTER_ADDR", "ROLE_NAME", "TORCHELASTIC_RUN_ID")
+REQUIRED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def read_env(environ: dict | None = None) -> dict:
+    """The torchrun variables of ``environ`` (default: this process), integers parsed.
+
+    Raises ``RuntimeError`` when a variable every launcher must set is missing: the script was
+    then started with plain ``python`` instead of ``torchrun``.
+    """
+    environ = os.environ if environ is None else environ
+    missing = [k for k in REQUIRED if k not in environ]
+    if missing:
+        raise RuntimeError(f"Thiếu biến môi trường {missing}: hãy khởi động bằng torchrun "
+                           "(torchrun --nproc_per_node=N -m ...), không phải bằng python.")
+    env = {k: int(environ[k]) for k in INT_VARS if k in environ}
+    env.update({k: environ[k] for k in STR_VARS if k in environ})
+    return env
+
+
+SAME_HOST_VAR = "DPBOOK_SAME_HOST"  # "1": every agent runs on this host (emulated nodes)
+
+
+def choose_backend(environ: dict, gpus: int) -> tuple[str, int | None]:
+    """``(backend, cuda index)`` for the worker described by ``environ`` on a host with
+    ``gpus`` GPUs: NCCL with one GPU per worker when there are enough, else gloo on the CPU.
+
+    On a real node a worker owns ``cuda:LOCAL_RANK`` and needs ``LOCAL_WORLD_SIZE`` GPUs. When
+    several agents share one host to emulate nodes (``DPBOOK_SAME_HOST=1``), two workers with
+    the same ``LOCAL_RANK`` would collide on one GPU, so each owns ``cuda:RANK`` instead and the
+    host needs ``WORLD_SIZE`` GPUs."""
+    env = read_env(environ)
+    same_host = environ.get(SAME_HOST_VAR) == "1"
+    needed = env["WORLD_SIZE"] if same_host else env["LOCAL_WORLD_SIZE"]
+    if gpus >= needed:
+        return "nccl", env["RANK"] if same_host else env["LOCAL_RANK"]
+    return "gloo", None
+
+
+def init_from_env() -> torch.device:
+    """Join the process group described by torchrun's variables (``env://``) with the backend
+    ``choose_backend`` picks, and return this worker's device (``launch.device()``)."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend, index = choose_backend(dict(os.environ), gpus)
+    if index is not None:
+        # Before init: NCCL binds this process to the current device.
+        torch.cuda.set_device(index)
+    dist.init_process_group(backend=backend)
+    return device()
+
+
+def report(dev: torch.device) -> dict:
+    """This worker's torchrun variables, host, pid, backend, device, and the result of an
+    AllReduce of ``rank + 1`` over the whole group (``W(W+1)/2`` if everyone joined)."""
+    t = torch.tensor([dist.get_rank() + 1.0], device=dev)
+    dist.all_reduce(t)
+    return {**read_env(), "hostname": socket.gethostname(), "pid": os.getpid(),
+            "backend": dist.get_backend(), "device": str(dev), "allreduce_sum": t.item()}
+
+
+def layout_problems(reports: list[dict]) -> list[str]:
+    """What is wrong, in Vietnamese, with the reports of one run (``[]`` when nothing is).
+
+    Every worker must see the same ``WORLD_SIZE``; ranks must be ``0 .. W-1`` once each;
+    ``RANK = GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK``; the workers of one agent (``agent``
+    key, added by ``torchrun.json_records``) share one ``GROUP_RANK``, distinct agents differ.
+    """
+    problems = []
+    worlds = {r["WORLD_SIZE"] for r in reports}
+    if worlds != {len(reports)}:
+        problems.append(f"WORLD_SIZE {sorted(worlds)} khác số worker đã báo ({len(reports)}).")
+    if sorted(r["RANK"] for r in reports) != list(range(len(reports))):
+        problems.append("Các RANK không phải 0..W-1, mỗi số đúng một lần.")
+    for r in reports:
+        expected = r["GROUP_RANK"] * r["LOCAL_WORLD_SIZE"] + r["LOCAL_RANK"]
+        if r["RANK"] != expected:
+            problems.append(f"RANK {r['RANK']} khác GROUP_RANK*LOCAL_WORLD_SIZE+LOCAL_RANK "
+                            f"= {expected}.")
+    by_agent: dict[int, set[int]] = {}
+    for r in reports:
+        by_agent.setdefault(r.get("agent", r["GROUP_RANK"]), set()).add(r["GROUP_RANK"])
+    if any(len(g) != 1 for g in by_agent.values()):
+        problems.append("Các worker của cùng một agent mang GROUP_RANK khác nhau.")
+    elif len({next(iter(g)) for g in by_agent.values()}) != len(by_agent):
+        problems.append("Hai agent (hai node) mang cùng một GROUP_RANK.")
+    return problems
+
+
+def main() -> int:
+    """Entry point under torchrun: join, report one JSON line, always leave the group."""
+    dev = init_from_env()
+    try:
+        print(TAG, json.dumps(report(dev), sort_keys=True), flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,115 @@
+"""Section 4.2.4 (torchrun, several nodes): ``dpbook.torchrun_env``, ``dpbook.hsdp_script``,
+``dpbook.node_figures`` and ``torchrun.json_records``."""
+
+import tempfile
+
+import pytest
+import torch
+
+from dpbook import costs, hsdp_script, node_figures, torchrun, torchrun_env, train
+
+ENV = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+       "GROUP_RANK": "1", "MASTER_ADDR": "node0", "MASTER_PORT": "29500",
+       "TORCHELASTIC_RUN_ID": "job7"}
+
+
+def _report(rank, local, group, agent, local_world=2, world=4):
+    return {"RANK": rank, "LOCAL_RANK": local, "GROUP_RANK": group, "agent": agent,
+            "LOCAL_WORLD_SIZE": local_world, "WORLD_SIZE": world}
+
+
+def test_read_env_parses_and_refuses_plain_python():
+    env = torchrun_env.read_env(ENV)
+    assert env["RANK"] == 3 and env["MASTER_PORT"] == 29500 and env["MASTER_ADDR"] == "node0"
+    assert env["TORCHELASTIC_RUN_ID"] == "job7" and "ROLE_RANK" not in env
+    with pytest.raises(RuntimeError, match="torchrun"):
+        torchrun_env.read_env({"RANK": "0"})
+
+
+@pytest.mark.parametrize("extra, gpus, expected", [
+    ({}, 0, ("gloo", None)),
+    ({}, 2, ("nccl", 1)),  # a real node: cuda:LOCAL_RANK, needs LOCAL_WORLD_SIZE GPUs
+    ({"DPBOOK_SAME_HOST": "1"}, 2, ("gloo", None)),  # emulated nodes need WORLD_SIZE GPUs
+    ({"DPBOOK_SAME_HOST": "1"}, 4, ("nccl", 3)),  # ... and each worker owns cuda:RANK
+])
+def test_choose_backend(extra, gpus, expected):
+    assert torchrun_env.choose_backend({**ENV, **extra}, gpus) == expected
+
+
+def test_layout_problems_sees_wrong_arithmetic_and_agents():
+    good = [_report(0, 0, 0, 0), _report(1, 1, 0, 0), _report(2, 0, 1, 1), _report(3, 1, 1, 1)]
+    assert torchrun_env.layout_problems(good) == []
+    swapped = [dict(r) for r in good]
+    swapped[1]["RANK"], swapped[2]["RANK"] = 2, 1
+    assert any("GROUP_RANK*LOCAL_WORLD_SIZE" in p for p in torchrun_env.layout_problems(swapped))
+    mixed = good[:1] + [_report(1, 1, 1, 0)] + good[2:]
+    assert any("cùng một agent" in p for p in torchrun_env.layout_problems(mixed))
+    assert any("WORLD_SIZE" in p for p in torchrun_env.layout_problems(good[:3]))
+
+
+def test_json_records_reads_tagged_lines_with_their_agent():
+    results = [torchrun.AgentResult(0, (), 0, 'warning\nTAG {"a": 1}\nTAGX {"a": 9}\n'),
+               torchrun.AgentResult(1, (), 0, 'TAG {"a": 2}\n')]
+    assert torchrun.json_records(results, "TAG") == [{"a": 1, "agent": 0}, {"a": 2, "agent": 1}]
+
+
+def test_hsdp_script_arguments_are_checked(tmp_path):
+    assert hsdp_script.parallel("fsdp1", 2).strategy == "HYBRID_SHARD"
+    assert hsdp_script.parallel("fsdp2", 2).shard_size == 2
+    with pytest.raises(ValueError, match="method"):
+        hsdp_script.parallel("ddp", 2)
+    with pytest.raises(SystemExit):
+        hsdp_script.parse_args([str(tmp_path), "--steps", "0"])
+    with pytest.raises(SystemExit):
+        hsdp_script.parse_args([str(tmp_path / "missing")])
+    args = hsdp_script.parse_args([str(tmp_path), "--methods", "fsdp1"])
+    assert args.methods == ["fsdp1"] and args.steps == 3
+
+
+def test_traffic_by_group_sums_per_group_and_collective():
+    records = [["all_gather", "forward", 8, 4.0, [0, 1]], ["all_reduce", "backward", 4, 4.0, [0, 2]],
+               ["all_gather", "backward", 8, 4.0, [0, 1]], ["reduce_scatter", "backward", 8, 4.0, [0, 1]]]
+    assert hsdp_script.traffic_by_group(records) == {
+        (0, 1): {"all_gather": 8.0, "reduce_scatter": 4.0}, (0, 2): {"all_reduce": 4.0}}
+
+
+def test_model_sizes_and_figure():
+    assert hsdp_script.model_sizes() == {"num_params": 2788, "root_params": 132}
+    pos = node_figures.worker_positions([(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)])
+    assert pos[0][1] == pos[1][1] > pos[2][1] == pos[3][1]  # node 0 is the top row
+    assert pos[0][0] == pos[2][0] < pos[1][0]  # same local rank, same column
+    fig = node_figures.node_figure([(0, 0, 0), (1, 1, 0)], [[0, 1]], None, "x")
+    assert fig.axes[0].get_title(loc="left") == "x"
+
+
+@pytest.mark.distributed
+def test_two_agents_report_consistent_environments():
+    results = torchrun.run("dpbook.torchrun_env", nproc_per_node=2, nnodes=2, timeout=180,
+                           env={torchrun_env.SAME_HOST_VAR: "1"})
+    reports = torchrun.json_records(results, torchrun_env.TAG)
+    assert len(reports) == 4 and torchrun_env.layout_problems(reports) == []
+    assert {r["allreduce_sum"] for r in reports} == {10.0}
+    assert {r["TORCHELASTIC_RUN_ID"] for r in reports} == {"dpbook"}
+    assert len({r["pid"] for r in reports}) == 4
+
+
+@pytest.mark.distributed
+def test_hsdp_across_two_agents_matches_formula_and_single_process():
+    out = tempfile.mkdtemp(prefix="hsdp-test-")
+    results = torchrun.run("dpbook.hsdp_script", [out], nproc_per_node=2, nnodes=2,
+                           timeout=240, env={torchrun_env.SAME_HOST_VAR: "1"})
+    (summary,) = torchrun.json_records(results, hsdp_script.TAG)
+    psi, root = 4 * summary["num_params"], 4 * summary["root_params"]
+    predicted = costs.fsdp_step_bytes(psi, 4, "HYBRID_SHARD", shard_size=2, root_bytes=root)
+    ref = train.fit(0, 1, None, steps=summary["steps"], batch_size=4 * summary["batch_size"])
+    for method, ranks in summary["methods"].items():
+        for s in ranks:
+            node = [r for r in range(4) if r // 2 == s["rank"] // 2]
+            for collective, _, _, _, group in s["records"]:
+                expected = [s["rank"] % 2, s["rank"] % 2 + 2] if collective == "all_reduce" \
+                    else node
+                assert group == expected, (method, collective)
+            assert costs.StepVolume(**s["volume"]) == predicted
+            assert s["gap_to_rank0"] == 0.0
+        state = torch.load(f"{out}/hsdp_{method}.pt", weights_only=True)
+        assert hsdp_script.max_gap(state, ref["state"]) < 1e-12
