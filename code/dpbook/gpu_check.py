@@ -2,8 +2,9 @@
 
 For each world size 1, 2, 4, 8 (and the GPU count) up to the number of visible GPUs: NCCL
 init, one DDP step and one FSDP2 step of a model large enough to show in CUDA's peak memory,
-with the measured communication checked against ``dpbook.costs``. On a machine without a GPU
-it says so and exits with status 0.
+with the measured communication checked against ``dpbook.costs``; then the GPU path of each
+part-4.2 page (``dpbook.gpu_pages``). On a machine without a GPU it says so and exits with
+status 0.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 
 import torch
 
-from . import costs, launch, measure
+from . import costs, gpu_pages, launch, measure
 from .train import Parallel
 
 # Big enough that parameters dominate CUDA's peak memory, small enough for any GPU.
@@ -73,6 +74,11 @@ def main() -> int:
         print(f"{r['world_size']:>3} {r['method']:<42} {r['peak_mib']:>9.1f} {r['step_ms']:>8.2f} "
               f"{r['comm_mib']:>13.2f} {r['predicted_mib']:>11.2f}{'' if match else '  ≠'}")
     print("Kết quả: " + ("giao tiếp đo được khớp công thức." if ok else "có dòng không khớp công thức (≠)."))
+    print()
+    print("Đường chạy GPU của các trang phần 4.2 (NCCL):")
+    for row in gpu_pages.run_pages(torch.cuda.device_count()):
+        ok &= row["ok"]
+        print(f"  {'✓' if row['ok'] else '✗'} {row['page']:<20} {row['seconds']:6.1f} s  {row['detail']}")
     return 0 if ok else 1
 
 

@@ -1,0 +1,98 @@
+"""The GPU code path of part 4.2's pages, run by ``make gpu-check`` on a machine with GPUs.
+
+Each check calls the same package function a page calls, with the backend forced (``nccl`` in
+``make gpu-check``), so a page that would silently fall back to gloo cannot pass there; each
+also checks that the device matches the backend (CUDA with NCCL). A check returns a short
+Vietnamese summary of what it saw, or raises; ``run_pages`` collects one row per page. The
+tests run the same checks with ``backend="gloo"`` on CPU, so the plumbing is tested everywhere.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+
+from . import launch
+
+
+def _world(gpus: int) -> int:
+    return max(1, min(gpus, 2))
+
+
+def _expect_device(dev: str, backend: str) -> None:
+    if dev.startswith("cuda") != (backend == "nccl"):
+        raise AssertionError(f"backend {backend} nhưng thiết bị là {dev}")
+
+
+def _primitives(gpus: int, backend: str, timeout: float) -> str:
+    from . import bench, primitives
+
+    ws = _world(gpus)
+    res = launch.spawn(primitives.run_collectives, world_size=ws, backend=backend,
+                       timeout=timeout, output="none")
+    first = res[0]["all_reduce"]["after"][0]
+    if first != sum(10 * r + 1 for r in range(ws)):  # rank r holds 10r + 1, 10r + 2, ...
+        raise AssertionError(f"all_reduce cho {first}")
+    sizes = bench.round_sizes([1 << 20, 1 << 24], ws)
+    rows = launch.spawn(bench.time_collectives, sizes=sizes, world_size=ws, backend=backend,
+                        timeout=timeout, output="none")[0]
+    _expect_device(rows["device"], rows["backend"])
+    big = rows["rows"]["all_reduce"][-1]
+    return f"all_reduce {big.nbytes >> 20} MiB: {big.seconds * 1e3:.3f} ms"
+
+
+def _ddp_script(gpus: int, backend: str, timeout: float) -> str:
+    from .ddp_script import ScriptConfig, run
+
+    res = launch.spawn(run, ScriptConfig(epochs=1, progress=False), world_size=_world(gpus),
+                       backend=backend, timeout=timeout, output="none")
+    r0 = res[0]
+    _expect_device(r0["device"], r0["backend"])
+    if r0["autocast"] != r0["device"].startswith("cuda"):  # bf16 autocast on CUDA only
+        raise AssertionError(f"autocast={r0['autocast']} trên {r0['device']}")
+    return f"{len(r0['losses'])} bước trên {r0['device']}, loss cuối {r0['losses'][-1]:.4f}"
+
+
+def _fsdp_script(gpus: int, backend: str, timeout: float) -> str:
+    from .fsdp_script import practice_tour
+
+    with tempfile.TemporaryDirectory() as ckpt:
+        res = launch.spawn(practice_tour, ckpt, world_size=_world(gpus), backend=backend,
+                           timeout=timeout, output="none")
+    return f"{len(res[0])} phần chạy xong: {', '.join(res[0])}"
+
+
+def _torchrun(gpus: int, backend: str, timeout: float) -> str:
+    from . import torchrun, torchrun_env
+
+    ws = _world(gpus)
+    results = torchrun.run("dpbook.torchrun_env", nproc_per_node=ws, timeout=timeout)
+    records = torchrun.json_records(results, torchrun_env.TAG)
+    if len(records) != ws or {r["backend"] for r in records} != {backend}:
+        raise AssertionError(f"{len(records)} worker, backend {[r['backend'] for r in records]}")
+    for r in records:
+        _expect_device(r["device"], r["backend"])
+    return f"{len(records)} worker dùng {backend}, AllReduce = {records[0]['allreduce_sum']:g}"
+
+
+PAGES: dict[str, Callable[[int, str, float], str]] = {
+    "4.2.1 giao tiếp": _primitives,
+    "4.2.2 DDP đầy đủ": _ddp_script,
+    "4.2.3 FSDP đầy đủ": _fsdp_script,
+    "4.2.4 torchrun": _torchrun,
+}
+
+
+def run_pages(gpus: int, backend: str = "nccl", timeout: float = 300.0) -> list[dict]:
+    """One row per page: ``{"page", "ok", "detail", "seconds"}``; a failure does not stop the rest."""
+    rows = []
+    for page, check in PAGES.items():
+        t0 = time.perf_counter()
+        try:
+            detail, ok = check(gpus, backend, timeout), True
+        except Exception as exc:  # report every page, whatever broke
+            detail, ok = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}", False
+        rows.append({"page": page, "ok": ok, "detail": detail,
+                     "seconds": time.perf_counter() - t0})
+    return rows
