@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .checks import int_at_least, non_negative
+from .torchrun_env import init_from_env
 
 MARKER = "COMPLETE"  # written by rank 0 after every rank finished its part of a save
 PROGRESS = "progress.jsonl"
@@ -315,40 +316,13 @@ def parse_args(argv: Sequence[str] | None = None) -> ResumeConfig:
         p.error(str(err))  # exits with status 2 and the message
 
 
-def init_process_group() -> None:
-    """Join the process group of this attempt from torchrun's environment: NCCL with one GPU per
-    local process, else gloo.
-
-    torchrun keeps one TCPStore (the agent's) for the whole job, and a restarted worker group
-    finds there the keys the previous attempt left: peers' addresses, now dead. The store is
-    therefore wrapped in a prefix of its own per attempt, so no worker reads a stale key.
-    """
-    import datetime
-
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    use_nccl = torch.cuda.is_available() and torch.cuda.device_count() >= int(
-        os.environ.get("LOCAL_WORLD_SIZE", world))
-    if use_nccl:
-        torch.cuda.set_device(local_rank)
-    backend = "nccl" if use_nccl else "gloo"
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        dist.init_process_group(backend)  # env://: a fresh store per attempt, nothing stale
-        return
-    timeout = datetime.timedelta(seconds=60)
-    agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                is_master=False, timeout=timeout)
-    store = dist.PrefixStore(f"dpbook_attempt_{attempt()}", agent_store)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point under torchrun: process group from the environment (NCCL with one GPU per
     local process, else gloo), train, rank 0 writes the results; the group is always destroyed."""
     cfg = parse_args(argv)
     if "RANK" not in os.environ:
         raise SystemExit("Hãy chạy bằng torchrun: torchrun --nproc_per_node=2 -m dpbook.resume …")
-    init_process_group()
+    init_from_env()
     try:
         Path(cfg.ckpt_dir).mkdir(parents=True, exist_ok=True)
         result = train(cfg)

@@ -10,6 +10,7 @@ the agents' outputs, and ``layout_problems`` checks the rank arithmetic they mus
 from __future__ import annotations
 
 import json
+import datetime
 import os
 import socket
 
@@ -64,14 +65,29 @@ def choose_backend(environ: dict, gpus: int) -> tuple[str, int | None]:
 
 
 def init_from_env() -> torch.device:
-    """Join the process group described by torchrun's variables (``env://``) with the backend
-    ``choose_backend`` picks, and return this worker's device (``launch.device()``)."""
+    """Join the process group described by torchrun's variables with the backend
+    ``choose_backend`` picks, and return this worker's device (``launch.device()``).
+
+    torchrun keeps one TCPStore (the agent's) for the whole job, and a restarted worker group
+    finds there the keys the previous attempt left: peers' addresses, now dead (with gloo, PyTorch
+    2.13 sometimes connects to them and the restart fails). The store is therefore wrapped in a
+    prefix of its own per attempt (``TORCHELASTIC_RESTART_COUNT``), so no worker reads a stale key.
+    """
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend, index = choose_backend(dict(os.environ), gpus)
     if index is not None:
         # Before init: NCCL binds this process to the current device.
         torch.cuda.set_device(index)
-    dist.init_process_group(backend=backend)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group(backend=backend)  # env://: a fresh store, nothing stale
+        return device()
+    timeout = datetime.timedelta(seconds=60)
+    agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                is_master=False, timeout=timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"dpbook_attempt_{attempt}", agent_store)
+    dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
     return device()
 
 
