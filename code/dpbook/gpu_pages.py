@@ -76,11 +76,33 @@ def _torchrun(gpus: int, backend: str, timeout: float) -> str:
     return f"{len(records)} worker dùng {backend}, AllReduce = {records[0]['allreduce_sum']:g}"
 
 
+def _resume(gpus: int, backend: str, timeout: float) -> str:
+    import json
+    import os
+
+    from . import torchrun
+
+    ws = _world(gpus)
+    with tempfile.TemporaryDirectory() as work:
+        out = os.path.join(work, "final.pt")
+        torchrun.run("dpbook.resume", ["--ckpt-dir", os.path.join(work, "ckpt"), "--out", out,
+                                       "--steps", 8, "--ckpt-every", 4, "--kill-rank", ws - 1,
+                                       "--kill-step", 6],
+                     nproc_per_node=ws, max_restarts=1, timeout=timeout)
+        with open(os.path.join(work, "final.json"), encoding="utf-8") as f:
+            attempts = json.load(f)["attempts"]
+    starts = [a["from_step"] for a in attempts]
+    if starts != [0, 4]:
+        raise AssertionError(f"các lần chạy bắt đầu từ bước {starts}, cần [0, 4]")
+    return f"{len(attempts)} lần chạy, lần sau tiếp tục từ bước {starts[-1]}"
+
+
 PAGES: dict[str, Callable[[int, str, float], str]] = {
     "4.2.1 giao tiếp": _primitives,
     "4.2.2 DDP đầy đủ": _ddp_script,
     "4.2.3 FSDP đầy đủ": _fsdp_script,
     "4.2.4 torchrun": _torchrun,
+    "4.2.6 chịu lỗi": _resume,
 }
 
 
