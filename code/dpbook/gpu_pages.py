@@ -97,12 +97,22 @@ def _resume(gpus: int, backend: str, timeout: float) -> str:
     return f"{len(attempts)} lần chạy, lần sau tiếp tục từ bước {starts[-1]}"
 
 
+def _lab_a(gpus: int, backend: str, timeout: float) -> str:
+    from .lab_a import SOLUTION, checker
+
+    result = checker.check(SOLUTION, nproc_per_node=_world(gpus), timeout=timeout, verbose=False)
+    if not result.passed:
+        raise AssertionError(f"lời giải trượt các mục {result.failed}")
+    return f"lời giải qua {len(result.items)} mục kiểm tra"
+
+
 PAGES: dict[str, Callable[[int, str, float], str]] = {
     "4.2.1 giao tiếp": _primitives,
     "4.2.2 DDP đầy đủ": _ddp_script,
     "4.2.3 FSDP đầy đủ": _fsdp_script,
     "4.2.4 torchrun": _torchrun,
     "4.2.6 chịu lỗi": _resume,
+    "Bài A": _lab_a,
 }
 
 
