@@ -102,3 +102,10 @@ def test_solution_passes_and_broken_fails_the_right_check():
     assert good.max_weight_diff <= checker.TOL
     bad = checker.check(BROKEN["module_prefix"], verbose=False, timeout=180)
     assert bad.failed == ["checkpoint"], str(bad)
+
+
+def test_command_line_refuses_a_missing_script(capsys):
+    from dpbook.lab_a import checker
+
+    with pytest.raises(ValueError, match="Không thấy file script"):
+        checker.main(["/khong/co/file.py"])

@@ -265,3 +265,22 @@ def check(script: str | os.PathLike, nproc_per_node: int = 2, epochs: int = 3,
     if verbose:
         print(result)
     return result
+
+
+def main(argv=None) -> int:
+    """``python -m dpbook.lab_a.checker SCRIPT [--nproc N]``: exit status 0 if every check
+    passes, 1 otherwise."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m dpbook.lab_a.checker",
+                                     description="Chấm Bài A: chạy script DDP của bạn bằng "
+                                                 "torchrun và so với script một GPU.")
+    parser.add_argument("script", help="đường dẫn tới script DDP của bạn")
+    parser.add_argument("--nproc", type=int, default=2, help="số process (mặc định 2)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="thời hạn, giây")
+    args = parser.parse_args(argv)
+    return 0 if check(args.script, nproc_per_node=args.nproc, timeout=args.timeout).passed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
