@@ -54,6 +54,7 @@ class CommRecord:
     nbytes: int
     group_size: int
     phase: str  # "forward" (outside autograd) or "backward" (inside the autograd engine)
+    group_ranks: tuple[int, ...] = ()  # global ranks of its process group (hybrid: which group)
 
     @property
     def sent_bytes(self) -> float:
@@ -83,7 +84,8 @@ class CommLog(TorchDispatchMode):
         group = torch.distributed.ProcessGroup.unbox(bound["process_group"])
         in_backward = torch._C._current_graph_task_id() != -1
         self.records.append(CommRecord(name, collective, _tensor_bytes(bound[tensor_arg]),
-                                       group.size(), "backward" if in_backward else "forward"))
+                                       group.size(), "backward" if in_backward else "forward",
+                                       tuple(torch.distributed.get_process_group_ranks(group))))
 
     def volume(self) -> StepVolume:
         """The records summed in the shape ``costs`` predicts (bytes one rank sends)."""
