@@ -1,6 +1,5 @@
 """``dpbook.torchrun``: command lines, two agents emulating two nodes, timeouts without orphans."""
 
-import os
 import sys
 import textwrap
 

@@ -32,23 +32,6 @@ METHODS = ("fsdp2", "fsdp1")
 STATE_FILE = "hsdp_{method}.pt"
 
 
-class GroupCommLog(CommLog):
-    """``CommLog`` that also notes, for each record, the global ranks of its process group:
-    with hybrid sharding, which collectives stay inside a node and which cross nodes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.group_ranks: list[tuple[int, ...]] = []
-
-    def _record(self, func, args, kwargs) -> None:
-        before = len(self.records)
-        super()._record(func, args, kwargs)
-        if len(self.records) > before:  # a collective CommLog accounts for
-            bound = dict(zip((a.name for a in func._schema.arguments), args)) | kwargs
-            group = dist.ProcessGroup.unbox(bound["process_group"])
-            self.group_ranks.append(tuple(dist.get_process_group_ranks(group)))
-
-
 def parallel(method: str, shard_size: int) -> Parallel:
     """Hybrid sharding with ``shard_size`` ranks per shard group, in FSDP2 or FSDP1 terms."""
     one_of("method", method, METHODS)
@@ -68,10 +51,10 @@ def step_traffic(rank: int, world_size: int, par: Parallel, batch_size: int) -> 
     dev = next(wrapped.parameters()).device
     x, y = (t[rank * batch_size:(rank + 1) * batch_size].to(dev) for t in ds.tensors)
     train_step(wrapped, optimizer, x, y)  # warm-up: lazy initialisation happens here
-    with GroupCommLog() as log:
+    with CommLog() as log:
         train_step(wrapped, optimizer, x, y)
-    records = [[r.collective, r.phase, r.nbytes, r.sent_bytes, list(g)]
-               for r, g in zip(log.records, log.group_ranks)]
+    records = [[r.collective, r.phase, r.nbytes, r.sent_bytes, list(r.group_ranks)]
+               for r in log.records]
     return {"records": records, "volume": dataclasses.asdict(log.volume())}
 
 

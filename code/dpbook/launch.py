@@ -42,7 +42,8 @@ BACKENDS = ("auto", "gloo", "nccl")
 OUTPUTS = ("prefix", "rank0", "none")
 _GRACE_S = 3.0  # how long a terminated child gets before SIGKILL
 _POLL_S = 0.05
-_SETTLE_S = 1.0  # after a first error, time allowed for the other ranks' reports
+_SETTLE_S = 5.0  # after a first error, time allowed for the other ranks' reports (a loaded
+# machine can take seconds to deliver them; ranks that exit end the wait sooner)
 
 
 class RankError(RuntimeError):
