@@ -56,14 +56,20 @@ def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def build_mlp(seed: int = 0, **kwargs) -> MLP:
-    """An ``MLP`` with weights fixed by ``seed``, identical on every rank that asks for it."""
+def seeded(cls, seed: int = 0, **kwargs):
+    """``cls(**kwargs)`` with its initial weights fixed by ``seed`` (identical on every rank that
+    asks for it), leaving the caller's random state as it was."""
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        return MLP(**kwargs)
+        return cls(**kwargs)
     finally:
         torch.random.set_rng_state(gen_state)
+
+
+def build_mlp(seed: int = 0, **kwargs) -> MLP:
+    """An ``MLP`` with weights fixed by ``seed``, identical on every rank that asks for it."""
+    return seeded(MLP, seed, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -107,9 +113,4 @@ class BucketNet(nn.Module):
 
 def build_bucket_net(seed: int = 0) -> BucketNet:
     """The bucket demo model with weights fixed by ``seed`` (identical on every rank)."""
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        return BucketNet()
-    finally:
-        torch.random.set_rng_state(state)
+    return seeded(BucketNet, seed)

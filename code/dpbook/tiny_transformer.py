@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checks import int_at_least
+from .models import seeded
 
 
 class Attention(nn.Module):
@@ -97,12 +98,7 @@ class TinyTransformer(nn.Module):
 
 def build_tiny_transformer(seed: int = 0, **kwargs) -> TinyTransformer:
     """A ``TinyTransformer`` with weights fixed by ``seed``, identical on every rank."""
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        return TinyTransformer(**kwargs)
-    finally:
-        torch.random.set_rng_state(state)
+    return seeded(TinyTransformer, seed, **kwargs)
 
 
 def random_tokens(batch_size: int, seq_len: int = 16, vocab: int = 64, seed: int = 0):
