@@ -106,6 +106,24 @@ def _lab_a(gpus: int, backend: str, timeout: float) -> str:
     return f"lời giải qua {len(result.items)} mục kiểm tra"
 
 
+def _labs_bc(gpus: int, backend: str, timeout: float) -> str:
+    from . import compare
+
+    # Lab C's HYBRID_SHARD needs 4 ranks (a 2 x 2 mesh).
+    configs = compare.LAB_B + compare.LAB_C if gpus >= 4 else compare.LAB_B
+    ws = 4 if gpus >= 4 else _world(gpus)
+    results = launch.spawn(compare.measure_configs, configs, world_size=ws, backend=backend,
+                           timeout=timeout, output="none")
+    rows = compare.collect(results, configs)
+    for row in rows:
+        if abs(row.volume.total - row.predicted.volume.total) > 1e-6 * row.predicted.volume.total:
+            raise AssertionError(f"{row.label}: đo {row.volume.total} B, công thức "
+                                 f"{row.predicted.volume.total} B")
+        if (row.peak_method == "cuda") != (backend == "nccl"):
+            raise AssertionError(f"{row.label}: peak đo bằng {row.peak_method}")
+    return f"{len(rows)} cấu hình trên {ws} rank, giao tiếp = công thức"
+
+
 PAGES: dict[str, Callable[[int, str, float], str]] = {
     "4.2.1 giao tiếp": _primitives,
     "4.2.2 DDP đầy đủ": _ddp_script,
@@ -113,6 +131,7 @@ PAGES: dict[str, Callable[[int, str, float], str]] = {
     "4.2.4 torchrun": _torchrun,
     "4.2.6 chịu lỗi": _resume,
     "Bài A": _lab_a,
+    "Bài B, C": _labs_bc,
 }
 
 
