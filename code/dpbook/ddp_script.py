@@ -35,6 +35,7 @@ from .checks import int_at_least, non_negative, one_of
 from .data import synthetic_regression
 from .launch import device as rank_device
 from .models import build_mlp
+from .torchrun_env import init_from_env
 from .train import apply_ddp
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -296,15 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         history = run(0, 1, cfg)
     else:
-        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
-        use_nccl = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
-        if use_nccl:
-            torch.cuda.set_device(local_rank)  # this process owns cuda:LOCAL_RANK
-        dist.init_process_group(backend="nccl" if use_nccl else "gloo")  # env:// rendezvous
+        init_from_env()  # NCCL and cuda:LOCAL_RANK if every local process has a GPU, else gloo
         try:
-            history = run(rank, world_size, cfg)
+            history = run(dist.get_rank(), dist.get_world_size(), cfg)
         finally:
             dist.destroy_process_group()
     if history["rank"] == 0:

@@ -9,8 +9,8 @@ the agents' outputs, and ``layout_problems`` checks the rank arithmetic they mus
 
 from __future__ import annotations
 
-import json
 import datetime
+import json
 import os
 import socket
 
