@@ -76,6 +76,25 @@ def _torchrun(gpus: int, backend: str, timeout: float) -> str:
     return f"{len(records)} worker dùng {backend}, AllReduce = {records[0]['allreduce_sum']:g}"
 
 
+def _nccl_debug(gpus: int, backend: str, timeout: float) -> str:
+    import os
+
+    from . import failures
+
+    ws = _world(gpus)
+    with tempfile.TemporaryDirectory() as logs:
+        with failures.env_vars(NCCL_DEBUG="INFO",
+                               NCCL_DEBUG_FILE=os.path.join(logs, "nccl.%h.%p.log")):
+            sums = launch.spawn(failures.all_reduce_once, world_size=ws, backend=backend,
+                                timeout=timeout, output="none")
+        lines = failures.read_logs(os.path.join(logs, "nccl.*.log"), max_lines=10_000)
+    if sums != [ws * (ws + 1) / 2] * ws:
+        raise AssertionError(f"AllReduce trả về {sums}")
+    if backend == "nccl" and not any("NCCL INFO" in line for line in lines):
+        raise AssertionError("NCCL_DEBUG=INFO không ghi dòng log nào")
+    return f"AllReduce = {sums[0]:g}, {len(lines)} dòng log NCCL"
+
+
 def _resume(gpus: int, backend: str, timeout: float) -> str:
     import json
     import os
@@ -129,6 +148,7 @@ PAGES: dict[str, Callable[[int, str, float], str]] = {
     "4.2.2 DDP đầy đủ": _ddp_script,
     "4.2.3 FSDP đầy đủ": _fsdp_script,
     "4.2.4 torchrun": _torchrun,
+    "4.2.5 NCCL_DEBUG": _nccl_debug,
     "4.2.6 chịu lỗi": _resume,
     "Bài A": _lab_a,
     "Bài B, C": _labs_bc,
