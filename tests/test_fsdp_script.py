@@ -1,8 +1,10 @@
-"""Section 4.2.3 (FSDP in full): ``dpbook.fsdp_script`` and ``dpbook.tiny_transformer``."""
+"""Section 4.2.3 (FSDP in full): ``dpbook.fsdp_script``, ``dpbook.fsdp_checkpoint`` and
+``dpbook.tiny_transformer``."""
 
 import pytest
 import torch
 
+from dpbook import fsdp_checkpoint as fc
 from dpbook import fsdp_script as fs
 from dpbook import launch, train
 from dpbook.models import num_params
@@ -58,7 +60,7 @@ def test_wrap_policy_and_units_of_a_plain_model():
 
 def test_step_needs_a_world_size_that_divides_the_global_batch():
     with pytest.raises(ValueError, match="GLOBAL_BATCH"):
-        fs._step_on(None, None, 0, 0, 3)
+        fc._step_on(None, None, 0, 0, 3)
 
 
 # ---------------------------------------------------------------- several processes (gloo)
@@ -126,7 +128,7 @@ def test_checkpoint_reshards_and_loads_without_process_group(tour):
     save = res[0]["save"]
     assert save["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert save["local_shape"] == (16, 16)
-    (one,) = launch.spawn(fs.resume_checkpoint, ckpt, world_size=1, backend="gloo",
+    (one,) = launch.spawn(fc.resume_checkpoint, ckpt, world_size=1, backend="gloo",
                           timeout=120, output="none")
     assert one["local_shape"] == (32, 16)
     for k, v in save["saved"]["model"].items():
@@ -136,6 +138,6 @@ def test_checkpoint_reshards_and_loads_without_process_group(tour):
             assert torch.equal(one["loaded"]["optim"]["state"][k][name], v), (k, name)
     for k, v in save["after_next_step"].items():
         torch.testing.assert_close(one["after_next_step"][k], v, rtol=0, atol=1e-12)
-    model = fs.load_for_inference(ckpt)
+    model = fc.load_for_inference(ckpt)
     with torch.no_grad():
-        assert torch.equal(model(fs.probe_inputs()), save["preds"])
+        assert torch.equal(model(fc.probe_inputs()), save["preds"])
