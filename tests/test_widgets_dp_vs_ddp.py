@@ -9,6 +9,7 @@ import pytest
 
 from dpbook import costs
 from dpbook.widgets import dp_vs_ddp as D
+from dpbook.widgets import dp_vs_ddp_svg as S
 
 M, X, OUT = D.RESNET50_BYTES, D.BATCH_BYTES, D.OUTPUT_BYTES
 
@@ -139,15 +140,15 @@ def test_svg_is_valid_and_vietnamese():
     top = steps[-1].dp.traffic[0]
     ns = "{http://www.w3.org/2000/svg}"
     for i, s in enumerate(steps):
-        svg = D.render(s, i, len(steps), top)
+        svg = S.render(s, i, len(steps), top)
         assert unicodedata.is_normalized("NFC", svg + s.caption)
         texts = [t.text for t in ET.fromstring(svg).iter(f"{ns}text")]
         for label in ("Lưu lượng vào + ra", "tính toán", "truyền dữ liệu", "luồng 0",
                       "process 0", "CPU", f"Bước {i + 1}/{len(steps)} · {s.phase}"):
             assert label in texts, (i, label)
-    forward = D.render(steps[3], 3, len(steps), top)
+    forward = S.render(steps[3], 3, len(steps), top)
     assert "→ luồng 1" in forward and "giữ GIL" in forward
-    ring = D.render(steps[-2], len(steps) - 2, len(steps), top)
+    ring = S.render(steps[-2], len(steps) - 2, len(steps), top)
     assert "AllReduce bucket 3: mỗi GPU gửi 51,1 MB cho GPU kế tiếp (vòng)" in ring
 
 
