@@ -17,6 +17,7 @@ from dpbook.launch import spawn
 from dpbook.models import build_bucket_net
 from dpbook.widgets import bucket_timeline as TL
 from dpbook.widgets import buckets as B
+from dpbook.widgets import buckets_svg as BS
 from torch.nn.parallel import distributed as ddp_mod
 
 MIB = 1024 * 1024
@@ -343,4 +344,4 @@ def test_measured_trace_is_consistent(ddp_run):
         assert tl.total >= max(c.end for c in tl.comms) and tl.total >= tl.compute_end
         assert [s.end for s in tl.layers] == sorted(s.end for s in tl.layers)
         for f in B.build_frames(tl):
-            assert "ĐO trên máy này" in _texts(B.render_frame(f))
+            assert "ĐO trên máy này" in _texts(BS.render_frame(f))

@@ -7,10 +7,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 import torch
-
 from dpbook import memory, shapes
 from dpbook.models import MLP, num_params
 from dpbook.widgets import ledger as L
+from dpbook.widgets import ledger_svg as S
 from dpbook.widgets.svg import PALETTE
 
 GB = 1e9
@@ -56,11 +56,11 @@ def test_bars_are_vram_ledger(precision, phase):
 
 def test_drawn_heights_are_proportional_to_the_ledger():
     frames = L.ledger_frames("llama-7b")
-    top = L.axis_top(frames)
+    top = S.axis_top(frames)
     frame = frames[3]  # N = 8: every bar under the top of the axis
     assert frame.world_size == 8 and all(b.ledger.total < top for b in frame.bars)
-    root = ET.fromstring(L.render(frame, top))
-    scale = (L.PLOT_Y1 - L.PLOT_Y0) / top
+    root = ET.fromstring(S.render(frame, top))
+    scale = (S.PLOT_Y1 - S.PLOT_Y0) / top
     for field, colour in (("params", "blue"), ("grads", "orange"), ("optimizer", "green")):
         heights = [float(r.get("height")) for r in root.iter("{http://www.w3.org/2000/svg}rect")
                    if r.get("fill") == PALETTE[colour] and r.get("rx") == "0"]
@@ -124,9 +124,9 @@ def _texts(svg):
 
 def test_svg_is_valid_and_vietnamese():
     frames = L.ledger_frames("gpt2-124m", strategies=memory.STRATEGIES, activation_bytes=GB)
-    top = L.axis_top(frames)
+    top = S.axis_top(frames)
     for f in frames:
-        svg = L.render(f, top)
+        svg = S.render(f, top)
         assert unicodedata.is_normalized("NFC", svg) and unicodedata.is_normalized("NFC", f.caption)
         texts = _texts(svg)
         for label in ("tham số", "gradient", "trạng thái bộ tối ưu", "activation", "GB mỗi rank",
@@ -134,7 +134,7 @@ def test_svg_is_valid_and_vietnamese():
             assert label in texts, label
     # a 70B model on 2 GPUs: bars broken at the top of the axis, totals written above them
     frames = L.ledger_frames("llama-70b")
-    texts = _texts(L.render(frames[1], L.axis_top(frames)))
+    texts = _texts(S.render(frames[1], S.axis_top(frames)))
     assert "↑ 1104 GB" in texts and "✗ không" in texts and "141 GB" in texts
 
 
@@ -165,5 +165,5 @@ def test_measured_state_equals_the_ledger():
         assert measured == predicted, strategy
     frame = L.measured_frame(results)
     assert [b.label for b in frame.bars] == ["dự đoán", "đo được"] * 2
-    texts = _texts(L.render(frame))
+    texts = _texts(S.render(frame))
     assert "44,6 KB" in texts and "22,3 KB" in texts and "SHARD_GRAD_OP" in texts
