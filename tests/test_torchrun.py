@@ -12,8 +12,9 @@ SCRIPT = textwrap.dedent("""
     dist.init_process_group("gloo")
     t = torch.tensor([dist.get_rank() + 1.0])
     dist.all_reduce(t)
-    print("rank", os.environ["RANK"], "local", os.environ["LOCAL_RANK"],
-          "world", os.environ["WORLD_SIZE"], "sum", int(t.item()), flush=True)
+    from dpbook import torchrun  # one write per line: workers run unbuffered
+    torchrun.emit("rank", {"rank": int(os.environ["RANK"]), "local": int(os.environ["LOCAL_RANK"]),
+                           "world": int(os.environ["WORLD_SIZE"]), "sum": int(t.item())})
     dist.destroy_process_group()
 """)
 
@@ -48,13 +49,12 @@ def test_two_agents_form_one_world(tmp_path):
     script = tmp_path / "allreduce.py"
     script.write_text(SCRIPT)
     results = torchrun.run(str(script), module=False, nproc_per_node=2, nnodes=2, timeout=120)
-    lines = sorted(line for r in results for line in r.output.splitlines()
-                   if line.startswith("rank "))
-    assert lines == [f"rank {g} local {g % 2} world 4 sum 10" for g in range(4)]
+    records = torchrun.json_records(results, "rank")
+    assert sorted((r["rank"], r["local"], r["world"], r["sum"]) for r in records) == [
+        (g, g % 2, 4, 10) for g in range(4)]
     # each agent started its own two workers
-    for r in results:
-        ranks = {int(l.split()[1]) for l in r.output.splitlines() if l.startswith("rank ")}
-        assert len(ranks) == 2
+    for agent in range(2):
+        assert len({r["rank"] for r in records if r["agent"] == agent}) == 2
 
 
 def _alive(pids):

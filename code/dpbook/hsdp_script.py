@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from . import torchrun
 from .checks import int_at_least, one_of
 from .data import synthetic_regression
 from .measure import CommLog
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         summary = run(args.methods, args.steps, args.batch_size, args.out_dir)
         if summary is not None:
-            print(TAG, json.dumps(summary), flush=True)
+            torchrun.emit(TAG, summary)
     finally:
         dist.destroy_process_group()
     return 0

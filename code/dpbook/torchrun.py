@@ -125,8 +125,6 @@ def _env(extra: dict | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _IDENTITY}
     # One thread per worker: on a small machine N workers x all cores oversubscribe the CPU.
     env.setdefault("OMP_NUM_THREADS", "1")
-    # No PYTHONUNBUFFERED: unbuffered, print() writes the text and the newline separately and the
-    # lines of workers sharing one log interleave mid-line; print(..., flush=True) writes whole.
     env.update({k: str(v) for k, v in (extra or {}).items()})
     return env
 
@@ -195,6 +193,14 @@ def run(target: str, args=(), *, nproc_per_node: int = 2, nnodes: int = 1,
                            for r in bad)
         raise RuntimeError(f"torchrun thất bại ở node {[r.node_rank for r in bad]}:\n{detail}")
     return results
+
+
+def emit(tag: str, record: dict) -> None:
+    """Print ``<tag> <record as JSON>`` as one line in a single write; ``json_records`` reads it
+    back. torchrun starts workers unbuffered (``python -u``), where ``print`` writes each argument
+    and the newline separately, so the lines of workers sharing one output interleave mid-line."""
+    sys.stdout.write(f"{tag} {json.dumps(record, sort_keys=True)}\n")
+    sys.stdout.flush()
 
 
 def json_records(results: list[AgentResult], tag: str) -> list[dict]:

@@ -10,13 +10,13 @@ the agents' outputs, and ``layout_problems`` checks the rank arithmetic they mus
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import socket
 
 import torch
 import torch.distributed as dist
 
+from . import torchrun
 from .launch import device
 
 TAG = "DPBOOK_ENV"
@@ -132,7 +132,7 @@ def main() -> int:
     """Entry point under torchrun: join, report one JSON line, always leave the group."""
     dev = init_from_env()
     try:
-        print(TAG, json.dumps(report(dev), sort_keys=True), flush=True)
+        torchrun.emit(TAG, report(dev))
     finally:
         dist.destroy_process_group()
     return 0
