@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dpbook import failures, launch, state_failures
+from dpbook import failures, launch, state_failures, torchrun
 
 
 def test_distributed_sampler_evens_out_the_ranks():
@@ -26,7 +26,7 @@ def test_busy_port_refuses_a_second_listener_and_port_zero_works():
     with failures.busy_port() as port:
         with pytest.raises(dist.DistNetworkError, match="EADDRINUSE"):
             failures.init_on_port(port, timeout=5)
-    assert failures.init_on_port(failures.free_port()) == "gloo"
+    assert failures.init_on_port(torchrun.free_port()) == "gloo"
     assert not dist.is_initialized()
 
 

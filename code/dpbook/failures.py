@@ -111,14 +111,6 @@ def init_on_port(port: int, timeout: float = 5.0) -> str:
         dist.destroy_process_group()
 
 
-def free_port() -> int:
-    """A port the OS says is free now (bind to port 0, read it, release it). Another program
-    may take it before you do: owning the socket (or a store on port 0) is safer."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # --------------------------------------------------------------------------------------------
 # Uneven inputs: one rank has one more batch than the others.
 

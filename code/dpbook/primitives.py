@@ -16,7 +16,6 @@ import contextlib
 import datetime
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ import torch.distributed as dist
 
 from .checks import int_at_least, non_negative
 from .launch import device
+from .torchrun import free_port
 
 #: The operations ``run_collectives`` shows, in the order the page explains them.
 COLLECTIVE_NAMES = ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter")
@@ -194,14 +194,6 @@ def _share(obj, src: int = 0):
     return box[0]
 
 
-def _free_port() -> int:
-    """A port the OS says is free now (it could be taken again before use: a tiny race that
-    rank 0 accepts here because it alone binds it, right away)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def store_exchange(rank: int, world_size: int, timeout: float = 30.0) -> dict:
     """Rendezvous by hand on a ``FileStore``: every rank posts its "address", reads the others'.
 
@@ -238,8 +230,8 @@ def init_methods(rank: int, world_size: int, timeout: float = 30.0) -> dict:
     (``env://``) stays as the default group, as ``spawn`` expects.
     """
     backend = dist.get_backend()
-    plan = _share({"dir": tempfile.mkdtemp(prefix="dpbook-init-"), "tcp": _free_port(),
-                   "env": _free_port()} if rank == 0 else None)
+    plan = _share({"dir": tempfile.mkdtemp(prefix="dpbook-init-"), "tcp": free_port(),
+                   "env": free_port()} if rank == 0 else None)
     wait = datetime.timedelta(seconds=timeout)
     results = {}
     for method in INIT_METHODS:
