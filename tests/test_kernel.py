@@ -15,7 +15,7 @@ except TimeoutError as err:
 CHECK = """
 import psutil
 ranks = [c for c in psutil.Process().children(recursive=True)
-         if "spawn_main" in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE]
+         if c.name().startswith(launch.RANK_NAME) and c.status() != psutil.STATUS_ZOMBIE]
 print("ORPHANS", len(ranks))
 print("AGAIN", launch.spawn(workers.all_reduce_rank_ids, world_size=2, backend="gloo")[1]["received"])
 launch.spawn(workers.say_hello, world_size=2, backend="gloo")

@@ -17,7 +17,7 @@ def _rank_processes():
     out = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if "spawn_main" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+            if child.name().startswith(launch.RANK_NAME) and child.status() != psutil.STATUS_ZOMBIE:
                 out.append(child)
         except psutil.NoSuchProcess:
             pass
@@ -126,3 +126,84 @@ def test_parallel_launches_do_not_collide():
 def test_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         launch.spawn(workers.child_pid, world_size=2, **kwargs)
+
+
+def test_ranks_fork_from_a_forkserver_named_and_with_the_callers_environment(monkeypatch):
+    import os
+
+    assert launch.context().get_start_method() == "forkserver"
+    launch.spawn(workers.child_pid, world_size=2, backend="gloo")  # the forkserver is running
+    monkeypatch.setenv("DPBOOK_SET_AFTER_START", "có dấu")
+    res = launch.spawn(workers.identity, world_size=2, backend="gloo",
+                       names=("DPBOOK_SET_AFTER_START", "TORCH_DIST_INIT_BARRIER", "RANK"))
+    assert [r["comm"] for r in res] == [f"{launch.RANK_NAME}0", f"{launch.RANK_NAME}1"]
+    assert all(r["ppid"] != os.getpid() for r in res)  # forked by the forkserver, not by us
+    assert [r["env"] for r in res] == [
+        {"DPBOOK_SET_AFTER_START": "có dấu", "TORCH_DIST_INIT_BARRIER": "1", "RANK": str(r)}
+        for r in range(2)]
+
+
+_SCRIPT_HEAD = "import sys\nsys.path.insert(0, {code!r})\nfrom dpbook import launch, workers\n"
+
+
+def _run_script(tmp_path, body: str, timeout: float = 120):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    script = tmp_path / "script.py"
+    script.write_text(_SCRIPT_HEAD.format(code=str(ROOT / "code")) + body, encoding="utf-8")
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=timeout, cwd=tmp_path)
+
+
+def test_a_script_without_main_guard_is_refused_with_the_fix(tmp_path):
+    run = _run_script(tmp_path, "launch.spawn(workers.say_hello, world_size=2)\n")
+    assert run.returncode == 1
+    assert "ngoài khối `if __name__ == \"__main__\":`" in run.stderr
+    assert "script.py, dòng 4" in run.stderr and "Cách sửa" in run.stderr
+    ok = _run_script(tmp_path, "if __name__ == '__main__':\n"
+                               "    print(launch.spawn(workers.say_hello, world_size=2))\n")
+    assert ok.returncode == 0 and "[0, 1]" in ok.stdout, ok.stderr
+
+
+def test_a_rank_that_dies_while_starting_is_told_apart(tmp_path):
+    run = _run_script(tmp_path, "if __name__ == '__mp_main__':  # a child re-importing us\n"
+                                "    raise SystemExit(7)\n"
+                                "if __name__ == '__main__':\n"
+                                "    launch.spawn(workers.say_hello, world_size=2)\n")
+    assert run.returncode == 1
+    assert "ngay khi khởi động, trước khi chạy hàm" in run.stderr, run.stderr
+
+
+def test_killing_the_caller_kills_its_ranks(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    script = tmp_path / "caller.py"
+    script.write_text(_SCRIPT_HEAD.format(code=str(ROOT / "code")) + (
+        "if __name__ == '__main__':\n"
+        "    launch.spawn(workers.hang_on_rank, world_size=2, backend='gloo', timeout=300)\n"),
+        encoding="utf-8")
+    caller = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path)
+    try:
+        ranks: list = []
+        deadline = time.monotonic() + 60
+        while len(ranks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            ranks = [p for p in psutil.Process(caller.pid).children(recursive=True)
+                     if p.name().startswith(launch.RANK_NAME)]
+        assert len(ranks) == 2, "the ranks did not start"
+        everything = psutil.Process(caller.pid).children(recursive=True)
+        os.kill(caller.pid, signal.SIGKILL)
+        caller.wait(10)
+        gone, alive = psutil.wait_procs(everything, timeout=10)
+        assert alive == [], f"still alive after the caller died: {alive}"
+    finally:
+        if caller.poll() is None:
+            caller.kill()

@@ -14,7 +14,8 @@ SCRIPT = textwrap.dedent("""
     dist.all_reduce(t)
     from dpbook import torchrun  # one write per line: workers run unbuffered
     torchrun.emit("rank", {"rank": int(os.environ["RANK"]), "local": int(os.environ["LOCAL_RANK"]),
-                           "world": int(os.environ["WORLD_SIZE"]), "sum": int(t.item())})
+                           "world": int(os.environ["WORLD_SIZE"]), "sum": int(t.item()),
+                           "barrier": os.environ.get("TORCH_DIST_INIT_BARRIER")})
     dist.destroy_process_group()
 """)
 
@@ -52,6 +53,7 @@ def test_two_agents_form_one_world(tmp_path):
     records = torchrun.json_records(results, "rank")
     assert sorted((r["rank"], r["local"], r["world"], r["sum"]) for r in records) == [
         (g, g % 2, 4, 10) for g in range(4)]
+    assert {r["barrier"] for r in records} == {"1"}  # no worker leaves while a peer connects
     # each agent started its own two workers
     for agent in range(2):
         assert len({r["rank"] for r in records if r["agent"] == agent}) == 2

@@ -6,27 +6,49 @@ its process group already initialised, and returns the per-rank return values in
 
 Design choices, and why:
 
-* Rendezvous goes through a ``TCPStore`` that the *caller* owns on a port chosen by the OS
-  (port 0), so no port is ever hard-coded and concurrent launches (tests in parallel, two
-  notebooks) never collide.
+* Ranks are forked from a *forkserver* that has already imported torch (start method
+  ``forkserver``; ``spawn`` where the platform has none). A warm launch then costs a fork and a
+  gloo handshake (about 0.2 s) instead of two fresh interpreters importing torch (about 2 s).
+  The forkserver imports torch but never touches CUDA, so each rank still picks its own GPU.
+  It is started with the caller's environment; each launch sends the caller's current
+  ``os.environ`` along, so a variable set in a cell (``NCCL_DEBUG``...) reaches the ranks.
+* Rendezvous goes through a ``FileStore`` in a fresh temporary folder per launch: no port at
+  all, so concurrent launches (tests in parallel, two notebooks) never collide, and no socket
+  for the store. A ``TCPStore`` formats every peer address with ``getnameinfo``; for the
+  IPv4-mapped ``::ffff:127.0.0.1`` that its IPv6-first client uses, that is a reverse DNS query,
+  and on a machine whose DNS server is unreachable or drops a packet, a launch stalls 5 s (the
+  resolver's timeout; 12 of 300 connections here). ``GLOO_SOCKET_IFNAME=lo`` (unless the caller
+  set it) puts gloo's own sockets on the loopback interface without resolving the host name.
+* ``TORCH_DIST_INIT_BARRIER=1`` in every rank: ``init_process_group`` and ``new_group`` then end
+  with a store barrier. Without it a gloo rank that leaves right after ``init_process_group``
+  closes its sockets while a slower peer is still inside ``connectFullMesh``; the peer then
+  fails with ``Connection closed by peer`` (gloo's connecting side counts the pair as connected
+  once it has written its sequence number, before the other side has accepted). See
+  ``benchmarks/gloo_init_race.py``: 50 of 100 launches failed without the barrier, 0 with it.
 * Results travel as ``pickle.dumps`` bytes rather than through ``torch.multiprocessing``'s
   shared-memory reducers: a rank may exit right after sending, and shared-memory handles of a
   dead process are not reliably readable by the parent.
 * The caller polls its children with a deadline, so a rank that raises or hangs is reported
-  and every child is terminated (SIGTERM, then SIGKILL); children also ask the kernel to kill
-  them if the caller dies (``PR_SET_PDEATHSIG``), so no orphan survives a crashed notebook.
+  and every child is terminated (SIGTERM, then SIGKILL). A rank also watches its caller (the
+  parent sentinel that multiprocessing gives it) and kills itself when the caller dies, so no
+  orphan survives a crashed notebook; the forkserver itself exits with its caller.
 * Children's ``print`` output is forwarded line by line to the caller, which prints it: in
   Jupyter it then lands in the cell that launched the run, prefixed with the rank.
 """
 
 from __future__ import annotations
 
+import ast
 import datetime
+import multiprocessing.connection
 import os
 import pickle
 import queue as queue_mod
+import shutil
 import signal
 import sys
+import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -42,8 +64,17 @@ BACKENDS = ("auto", "gloo", "nccl")
 OUTPUTS = ("prefix", "rank0", "none")
 _GRACE_S = 3.0  # how long a terminated child gets before SIGKILL
 _POLL_S = 0.05
+_OUTLIVE_S = 30.0  # how much longer than the caller's deadline a rank's own timeouts are
 _SETTLE_S = 5.0  # after a first error, time allowed for the other ranks' reports (a loaded
 # machine can take seconds to deliver them; ranks that exit end the wait sooner)
+# What the forkserver imports once, so that no rank pays for it: torch and the parts of
+# torch.distributed that the book's rank functions import lazily (about 1 s more each).
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.distributed.fsdp",
+           "torch.distributed.tensor", "torch.distributed.checkpoint", "dpbook.launch",
+           "dpbook.workers")
+# Set in every process that joins a group, here and under torchrun (see the module docstring).
+INIT_BARRIER = {"TORCH_DIST_INIT_BARRIER": "1"}
+RANK_NAME = "dpbook-rank"  # process name of every rank (``ps``, ``psutil``), then its number
 
 
 class RankError(RuntimeError):
@@ -162,16 +193,32 @@ class _Forward:
         return False
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere)."""
+def _prctl(option: int, arg) -> None:
+    """Linux ``prctl``; a no-op where there is none."""
     if not sys.platform.startswith("linux"):
         return
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, arg)
     except OSError:
         pass
+
+
+def _guard_against_orphans() -> None:
+    """Die with the caller. Under forkserver the OS parent is the forkserver, so
+    ``PR_SET_PDEATHSIG`` alone only covers the forkserver's death; the parent sentinel that
+    multiprocessing hands every child becomes readable when the caller itself is gone."""
+    _prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch():
+        multiprocessing.connection.wait([parent.sentinel])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="dpbook-watch-caller", daemon=True).start()
 
 
 def _is_secondary(exc: BaseException) -> bool:
@@ -186,25 +233,33 @@ def _report_error(q, rank: int, exc: BaseException) -> None:
            time.time(), _is_secondary(exc)))
 
 
-def _child(rank, world_size, backend, host, port, timeout, output, q, fn, args, kwargs):
-    _die_with_parent()
+def _child(rank, world_size, backend, store_path, timeout, output, q, env, fn, args, kwargs):
+    _guard_against_orphans()
+    _prctl(15, f"{RANK_NAME}{rank}".encode())  # 15 = PR_SET_NAME: ranks are easy to find
+    q.put(("started", rank))
     forward = output == "prefix" or (output == "rank0" and rank == 0)
     if forward:
         sys.stdout, sys.stderr = _Forward(q, rank, "stdout"), _Forward(q, rank, "stderr")
     else:
         sys.stdout = sys.stderr = open(os.devnull, "w")
+    os.environ.clear()
+    os.environ.update(env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_WORLD_SIZE=str(world_size))
+                      LOCAL_WORLD_SIZE=str(world_size), **INIT_BARRIER)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
         else:
             # Ranks share the CPU: without this each would start one thread per core.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-        store = dist.TCPStore(host, port, world_size, is_master=False,
-                              timeout=datetime.timedelta(seconds=timeout))
+        # Longer than the caller's deadline, so that a hang ends in the caller's TimeoutError
+        # (which names the stuck ranks), not in a rank's own collective timeout.
+        wait = datetime.timedelta(seconds=timeout + _OUTLIVE_S)
+        store = dist.FileStore(store_path, world_size)
+        store.set_timeout(wait)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout))
+                                timeout=wait)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
         _report_error(q, rank, exc)
         return
@@ -219,6 +274,74 @@ def _child(rank, world_size, backend, host, port, timeout, output, q, fn, args, 
         dist.destroy_process_group()
     sys.stdout.flush(), sys.stderr.flush()
     q.put(("result", rank, payload))
+
+
+_ctx_lock = threading.Lock()
+
+
+def context():
+    """The multiprocessing context of every launch: forkserver with torch preloaded (spawn
+    where the platform has no forkserver). Starting the forkserver costs one torch import
+    (about 3 s, once per process); every later launch forks from it."""
+    with _ctx_lock:
+        if "forkserver" not in mp.get_all_start_methods():
+            return mp.get_context("spawn")
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(list(PRELOAD))
+        return ctx
+
+
+def _main_module_call_line() -> tuple[str, int] | None:
+    """Where the running script's top level is now (file, line), if a script is running."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or not str(path).endswith(".py"):
+        return None  # Jupyter, python -c, the REPL: nothing is re-imported
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals is vars(main):
+            return str(path), frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    test = getattr(node, "test", None)
+    return (isinstance(node, ast.If) and isinstance(test, ast.Compare)
+            and "__name__" in ast.unparse(test) and "__main__" in ast.unparse(test))
+
+
+def check_main_guard() -> None:
+    """Refuse a launch from the top level of a script that lacks ``if __name__ == "__main__":``.
+
+    Start methods forkserver and spawn re-import the script in every child; an unguarded
+    call there would launch again from each child (multiprocessing then stops the child
+    with an error the caller never sees)."""
+    if getattr(mp.current_process(), "_inheriting", False):
+        raise RuntimeError(_GUARD_MESSAGE.format(where="script này"))
+    where = _main_module_call_line()
+    if where is None:
+        return
+    path, line = where
+    try:
+        tree = ast.parse(open(path, encoding="utf-8").read())
+    except (OSError, SyntaxError, ValueError):
+        return
+    for node in tree.body:
+        if node.lineno <= line <= (node.end_lineno or node.lineno):
+            if not _is_main_guard(node):
+                raise RuntimeError(_GUARD_MESSAGE.format(where=f"{path}, dòng {line}"))
+            return
+
+
+_GUARD_MESSAGE = (
+    "launch.spawn được gọi ở cấp cao nhất của {where}, ngoài khối "
+    "`if __name__ == \"__main__\":`. Mỗi process con (start method forkserver hoặc spawn) "
+    "import lại script chính từ đầu, nên lời gọi này sẽ chạy lại trong từng process con và "
+    "process con dừng với lỗi trước khi kịp chạy hàm của bạn. Cách sửa: đặt lời gọi (và mọi "
+    "code chỉ chạy một lần) dưới `if __name__ == \"__main__\":`, ví dụ\n"
+    "    if __name__ == \"__main__\":\n        launch.spawn(worker, world_size=2)"
+)
 
 
 def _terminate(procs) -> None:
@@ -253,16 +376,17 @@ def spawn(fn: Callable, *args: Any, world_size: int | None = None, backend: str 
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout phải là số giây dương, nhận được {timeout!r}.")
     check_importable(fn)
+    check_main_guard()
     p = plan(world_size, backend)
     n = p.world_size
-    store = dist.TCPStore("127.0.0.1", 0, n, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout))
-    ctx = mp.get_context("spawn")
+    rendezvous = tempfile.mkdtemp(prefix="dpbook-launch-")
+    ctx = context()
     q = ctx.Queue()
+    env = dict(os.environ)
     procs = [
-        ctx.Process(target=_child, daemon=True, name=f"dpbook-rank{r}",
-                    args=(r, n, p.backend, "127.0.0.1", store.port, timeout, output, q, fn,
-                          args, kwargs))
+        ctx.Process(target=_child, daemon=True, name=f"{RANK_NAME}{r}",
+                    args=(r, n, p.backend, os.path.join(rendezvous, "store"), timeout, output, q,
+                          env, fn, args, kwargs))
         for r in range(n)
     ]
     try:
@@ -273,25 +397,36 @@ def spawn(fn: Callable, *args: Any, world_size: int | None = None, backend: str 
         _terminate(procs)
         q.close()
         q.join_thread()
-        del store
+        shutil.rmtree(rendezvous, ignore_errors=True)
+
+
+@dataclass
+class _Reports:
+    """What the ranks have sent so far."""
+
+    results: dict
+    errors: list
+    started: set
+
+    def reported(self, rank: int) -> bool:
+        return rank in self.results or any(e[0] == rank for e in self.errors)
 
 
 def _collect(procs, q, n, timeout, output) -> list:
-    results: dict[int, Any] = {}
-    errors: list[tuple] = []
+    seen = _Reports({}, [], set())
     deadline = time.monotonic() + timeout
     settle = None  # after a first error, how long to wait for the others' reports
-    while len(results) + len(errors) < n:
-        if errors and settle is None:
+    while len(seen.results) + len(seen.errors) < n:
+        if seen.errors and settle is None:
             settle = time.monotonic() + _SETTLE_S
         if settle is not None and time.monotonic() > settle:
             break
         try:
             msg = q.get(timeout=_POLL_S)
         except queue_mod.Empty:
-            _check_exits(procs, results, errors, q, output)
-            if not errors and time.monotonic() > deadline:
-                running = sorted(r for r in range(n) if r not in results)
+            _check_exits(procs, seen, q, output)
+            if not seen.errors and time.monotonic() > deadline:
+                running = sorted(r for r in range(n) if r not in seen.results)
                 raise TimeoutError(
                     f"Quá thời gian chờ {timeout:g} s: rank {', '.join(map(str, running))} vẫn "
                     "đang chạy (có thể đang chờ một phép toán tập thể mà rank khác không gọi). "
@@ -299,10 +434,10 @@ def _collect(procs, q, n, timeout, output) -> list:
                     "không."
                 ) from None
             continue
-        _handle(msg, results, errors, output)
-    if errors:
-        raise _root_cause(errors)
-    return [results[r] for r in range(n)]
+        _handle(msg, seen, output)
+    if seen.errors:
+        raise _root_cause(seen.errors)
+    return [seen.results[r] for r in range(n)]
 
 
 def _root_cause(errors: list[tuple]) -> RankError:
@@ -315,32 +450,42 @@ def _root_cause(errors: list[tuple]) -> RankError:
     return RankError(rank, exc_type, message, tb)
 
 
-def _handle(msg, results, errors, output) -> None:
+def _handle(msg, seen: _Reports, output) -> None:
     kind, rank = msg[0], msg[1]
     if kind == "out":
         _print_line(rank, msg[2], msg[3], prefix=(output == "prefix" and rank != 0))
+    elif kind == "started":
+        seen.started.add(rank)
     elif kind == "result":
-        results[rank] = pickle.loads(msg[2])
+        seen.results[rank] = pickle.loads(msg[2])
     else:
-        errors.append((rank, *msg[2:]))
+        seen.errors.append((rank, *msg[2:]))
 
 
-def _check_exits(procs, results, errors, q, output) -> None:
+def _check_exits(procs, seen: _Reports, q, output) -> None:
     """A child that died without reporting (segfault, os._exit, OOM kill) is an error too."""
     for rank, proc in enumerate(procs):
-        reported = rank in results or any(e[0] == rank for e in errors)
-        if reported or proc.exitcode is None:
+        if seen.reported(rank) or proc.exitcode is None:
             continue
         # It may have reported just before exiting: drain what it sent first.
         try:
             while True:
-                _handle(q.get(timeout=0.5), results, errors, output)
+                _handle(q.get(timeout=0.5), seen, output)
         except queue_mod.Empty:
             pass
-        if rank not in results and not any(e[0] == rank for e in errors):
-            code = proc.exitcode
-            how = f"tín hiệu {signal.Signals(-code).name}" if code < 0 else f"mã thoát {code}"
-            errors.append((rank, "ProcessExited",
-                           f"process của rank {rank} kết thúc ({how}) mà không trả kết quả",
-                           "(không có traceback: process đã chết trước khi kịp báo lỗi)",
-                           time.time(), False))
+        if not seen.reported(rank):
+            seen.errors.append(_silent_exit(rank, proc.exitcode, rank in seen.started))
+
+
+def _silent_exit(rank: int, code: int, started: bool) -> tuple:
+    how = f"tín hiệu {signal.Signals(-code).name}" if code < 0 else f"mã thoát {code}"
+    if started:
+        return (rank, "ProcessExited",
+                f"process của rank {rank} kết thúc ({how}) mà không trả kết quả",
+                "(không có traceback: process đã chết trước khi kịp báo lỗi)", time.time(), False)
+    return (rank, "ProcessExited",
+            f"process của rank {rank} dừng ({how}) ngay khi khởi động, trước khi chạy hàm: "
+            "process con không nạp lại được script chính hoặc module chứa hàm (xem stderr của "
+            "terminal). Hay gặp nhất: script gọi launch.spawn mà không đặt dưới "
+            "`if __name__ == \"__main__\":`.",
+            "(không có traceback: lỗi xảy ra khi process con nạp lại module)", time.time(), False)

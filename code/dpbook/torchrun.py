@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .checks import int_at_least, non_negative
+from .launch import INIT_BARRIER
 
 _GRACE_S = 5.0  # after SIGTERM, torchrun needs a moment to stop its workers itself
 
@@ -125,6 +126,7 @@ def _env(extra: dict | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _IDENTITY}
     # One thread per worker: on a small machine N workers x all cores oversubscribe the CPU.
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(INIT_BARRIER)  # no gloo worker leaves while a peer is still connecting
     env.update({k: str(v) for k, v in (extra or {}).items()})
     return env
 

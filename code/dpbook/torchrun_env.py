@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from . import torchrun
-from .launch import device
+from .launch import INIT_BARRIER, device
 
 TAG = "DPBOOK_ENV"
 # Variables torchrun sets in every worker; integers first, then strings.
@@ -73,6 +73,8 @@ def init_from_env() -> torch.device:
     2.13 sometimes connects to them and the restart fails). The store is therefore wrapped in a
     prefix of its own per attempt (``TORCHELASTIC_RESTART_COUNT``), so no worker reads a stale key.
     """
+    # A script started by the reader's own torchrun gets the init barrier too (dpbook.launch).
+    os.environ.update(INIT_BARRIER)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend, index = choose_backend(dict(os.environ), gpus)
     if index is not None:

@@ -71,3 +71,14 @@ def all_reduce_values(rank: int, world_size: int, inputs: list[list[float]]) -> 
     t = torch.tensor(inputs[rank], dtype=torch.float64, device=device())
     dist.all_reduce(t)
     return t.cpu().tolist()
+
+
+def identity(rank: int, world_size: int, names: tuple = ()) -> dict:
+    """What a rank knows about its own process: pid, parent pid, OS process name, and the
+    environment variables ``names`` (None where unset)."""
+    import os
+
+    with open(f"/proc/{os.getpid()}/comm", encoding="utf-8") as f:
+        comm = f.read().strip()
+    return {"pid": os.getpid(), "ppid": os.getppid(), "comm": comm,
+            "env": {n: os.environ.get(n) for n in names}}
