@@ -38,8 +38,12 @@ browser:
 	      > $(VENV)/apt.log 2>&1 || { tail -n 20 $(VENV)/apt.log; exit 1; }; \
 	  else echo "Không có Chromium và không cài được: các kiểm thử trình duyệt sẽ bị bỏ qua."; fi; }
 
+# Two runs: first every test and every notebook (nbval), whose runs fill the book's execution
+# cache (dpbook.tools.nbval_cache); then the whole-book build and the browser tests, which use
+# that cache instead of executing every notebook a second time.
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax -m "not builds_book"
+	$(BIN)/python -m pytest -m builds_book tests/test_built_book.py
 
 gpu-check: $(STAMP)
 	$(BIN)/python -m dpbook.gpu_check

@@ -1,6 +1,7 @@
 """The book's rules: NFC text, notebooks without outputs, every page in the TOC."""
 
 import json
+import pathlib
 import re
 import unicodedata
 
@@ -46,3 +47,30 @@ def test_every_page_is_in_the_toc_and_exists(root):
     pages = {str(p.relative_to(root).with_suffix("")) for p in (root / "book").rglob("*")
              if p.suffix in {".md", ".ipynb"} and ".ipynb_checkpoints" not in p.parts}
     assert listed == pages
+
+
+def test_the_build_ignores_every_non_page(root, tmp_path):
+    """What ``make test`` and the tools leave in the checkout (.pytest_cache/README.md,
+    notebook checkpoints, benchmark notes) must not become pages: ``make book`` after
+    ``make test`` would fail with -W. Sphinx's own file discovery, with the book's exclude
+    patterns, must find the pages of the TOC and nothing else."""
+    from sphinx.util.matching import get_matching_files
+
+    config = yaml.safe_load((root / "_config.yml").read_text())
+    patterns = config["exclude_patterns"]
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    pages = {toc["root"], *_toc_files(toc)}
+
+    def sources(where):
+        return {str(pathlib.PurePath(f).with_suffix("")) for f in
+                get_matching_files(where, include_patterns=["**"], exclude_patterns=patterns)
+                if pathlib.PurePath(f).suffix in {".md", ".ipynb"}}
+
+    assert sources(root) == pages
+    left_by_tools = [".pytest_cache/README.md", "book/.ipynb_checkpoints/x-checkpoint.ipynb",
+                     ".jupyter_cache/x.md", "benchmarks/README.md", "_build/html/x.md",
+                     ".venv/lib/LICENSE.md", "code/dpbook/README.md", "tests/data/x.ipynb"]
+    for rel in left_by_tools:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("# x\n")
+    assert sources(tmp_path) == set()

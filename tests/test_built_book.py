@@ -10,7 +10,9 @@ import sys
 import pytest
 import yaml
 
-pytestmark = pytest.mark.slow
+from dpbook.tools import execution_cache
+
+pytestmark = [pytest.mark.slow, pytest.mark.builds_book]
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -22,6 +24,9 @@ def html(root, tmp_path_factory) -> pathlib.Path:
     out = tmp_path_factory.mktemp("book")
     config = yaml.safe_load((root / "_config.yml").read_text())
     config["bibtex_bibfiles"] = [str(root / b) for b in config["bibtex_bibfiles"]]
+    # The execution cache that `make book` uses and that the notebook tests fill: after them
+    # the book is built from their runs, not executed a second time (dpbook.tools).
+    config["execute"]["cache"] = str(root / execution_cache.DEFAULT)
     cfg = out / "_config.yml"
     cfg.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
     jb = pathlib.Path(sys.executable).with_name("jupyter-book")

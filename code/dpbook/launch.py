@@ -297,6 +297,9 @@ def _main_module_call_line() -> tuple[str, int] | None:
     path = getattr(main, "__file__", None)
     if not path or not str(path).endswith(".py"):
         return None  # Jupyter, python -c, the REPL: nothing is re-imported
+    name = getattr(getattr(main, "__spec__", None), "name", None) or ""
+    if name == "__main__" or name.endswith(".__main__"):
+        return None  # python -m package: multiprocessing does not re-import a __main__ module
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "<module>" and frame.f_globals is vars(main):
