@@ -8,7 +8,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # 2 workers suit the 2-core reference machine; override with `make test JOBS=8`.
 JOBS ?= 2
 
-.PHONY: book test gpu-check setup clean browser
+.PHONY: book test gpu-check setup clean browser bench-launch
 
 setup: $(STAMP)
 
@@ -44,6 +44,13 @@ browser:
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax -m "not builds_book"
 	$(BIN)/python -m pytest -m builds_book tests/test_built_book.py
+
+# Not part of `make test`: the launcher's speed against torch.multiprocessing.spawn, 200
+# launches in 2 concurrent streams (must print 0 failures), and the gloo race the launcher avoids.
+bench-launch: $(STAMP)
+	$(BIN)/python benchmarks/launch_speed.py
+	$(BIN)/python benchmarks/launch_stress.py
+	$(BIN)/python benchmarks/gloo_init_race.py
 
 gpu-check: $(STAMP)
 	$(BIN)/python -m dpbook.gpu_check

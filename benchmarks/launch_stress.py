@@ -53,7 +53,7 @@ def main() -> None:
             elif line.startswith("FAIL"):
                 print(line)
     total = per * args.streams
-    print(f"{total} lần khởi động 2 rank trong {args.streams} luồng song song: {failed} thất bại; "
+    print(f"{total} lần khởi động 2 rank từ {args.streams} process song song: {failed} thất bại; "
           f"trung vị mỗi lần {statistics.median(medians):.3f} s, chậm nhất {slowest:.2f} s; tổng {time.perf_counter() - t0:.0f} s")
     sys.exit(1 if failed or any(p.returncode for p in procs) else 0)
 
