@@ -27,6 +27,7 @@ import torch.distributed as dist
 from .checks import int_at_least, one_of
 from .costs import bus_bandwidth, busbw_factor
 from .launch import device
+from .measure import sync
 from .primitives import all_gather_flat, reduce_scatter_flat
 
 #: Sizes in bytes (1 kB ... 10 MB, decimal units as in the rest of the book).
@@ -69,23 +70,18 @@ def _check_sizes(sizes, itemsize: int, what: str = "một phần tử float32") 
     return sizes
 
 
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def _time_op(op, dev: torch.device, warmup: int, repeats: int) -> float:
     """Median over ``repeats`` calls of the slowest rank's time for the collective ``op()``."""
     for _ in range(warmup):
         op()
-    _sync(dev)
+    sync(dev)
     times = torch.zeros(repeats, dtype=torch.float64, device=dev)
     for k in range(repeats):
         dist.barrier()  # start together, so no rank's time includes waiting for a late peer
-        _sync(dev)
+        sync(dev)
         t0 = time.perf_counter()
         op()
-        _sync(dev)
+        sync(dev)
         times[k] = time.perf_counter() - t0
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
     return statistics.median(times.cpu().tolist())
@@ -172,10 +168,10 @@ def copy_bandwidth(nbytes: int, warmup: int = 2, repeats: int = 10,
     dst = torch.empty_like(src)
     times = []
     for k in range(warmup + repeats):
-        _sync(dev)
+        sync(dev)
         t0 = time.perf_counter()
         dst.copy_(src)
-        _sync(dev)
+        sync(dev)
         if k >= warmup:
             times.append(time.perf_counter() - t0)
     if not torch.equal(dst, src):

@@ -83,13 +83,14 @@ def measure_configs(rank: int, world_size: int, parallels=LAB_B,
     from .launch import device
     from .measure import measure_step
 
-    wl = wl or workload(device().type)
+    dev = device()
+    wl = wl or workload(dev.type)
     out = {"workload": wl}
     for par in parallels:
         out[par.label] = measure_step(rank, world_size, par, model_kwargs=wl.model_kwargs,
                                       batch_size=wl.batch_size, warmup=2, repeats=wl.repeats)
         gc.collect()  # FSDP holds reference cycles: free this model before the next one
-        if torch.cuda.is_available():
+        if dev.type == "cuda":  # on a CPU rank, asking CUDA would open a context on GPU 0
             torch.cuda.empty_cache()
     return out
 

@@ -18,3 +18,12 @@ def synthetic_regression(num_samples: int = 256, in_dim: int = 16, out_dim: int 
     teacher = torch.randn(in_dim, out_dim, generator=g) / in_dim**0.5
     y = x @ teacher + noise * torch.randn(num_samples, out_dim, generator=g)
     return TensorDataset(x, y)
+
+
+def rank_batch(tensors, rank: int, batch_size: int, device: torch.device,
+               start: int = 0) -> tuple[torch.Tensor, ...]:
+    """Rank ``rank``'s ``batch_size`` samples of the global batch that begins at sample
+    ``start`` (samples ``start + rank * batch_size`` onwards) of each of ``tensors``, on
+    ``device``: the rank's own device, where its parameters are."""
+    first = start + rank * batch_size
+    return tuple(t[first:first + batch_size].to(device) for t in tensors)

@@ -36,7 +36,7 @@ from .data import synthetic_regression
 from .launch import device as rank_device
 from .models import build_mlp
 from .torchrun_env import init_from_env
-from .train import apply_ddp
+from .train import amp_dtype, apply_ddp, dtype_name, grad_scaler
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 MODEL = {"in_dim": 16, "hidden": 32, "depth": 3, "out_dim": 4}  # models.build_mlp's defaults
@@ -58,7 +58,7 @@ class ScriptConfig:
     eval_samples: int = 64
     eval_every: int = 1  # epochs between evaluations; the last epoch is always evaluated
     dtype: str = "float32"
-    amp: bool = True  # bf16 autocast, on CUDA only
+    amp: bool = True  # 16-bit autocast on CUDA only: bf16, or fp16 where the GPU lacks bf16
     checkpoint: str | None = None
     resume: bool = False
     progress: bool = True
@@ -101,17 +101,24 @@ def make_loader(cfg: ScriptConfig, rank: int, world_size: int):
     return DataLoader(ds, batch_size=cfg.batch_size, sampler=sampler), sampler
 
 
+def autocast_dtype(dev: torch.device, cfg: ScriptConfig) -> torch.dtype | None:
+    """What autocast computes in: ``train.amp_dtype`` on a GPU (bf16, or fp16 on a GPU without
+    bf16 such as the T4), ``None`` (no autocast) on the CPU or with ``amp=False``."""
+    return amp_dtype(dev) if dev.type == "cuda" and cfg.amp else None
+
+
 def autocast(dev: torch.device, cfg: ScriptConfig):
-    """bf16 autocast on a GPU, nothing on the CPU: the same loop runs in both places."""
-    if dev.type == "cuda" and cfg.amp:
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    """16-bit autocast on a GPU, nothing on the CPU: the same loop runs in both places."""
+    dtype = autocast_dtype(dev, cfg)
+    return contextlib.nullcontext() if dtype is None else torch.autocast("cuda", dtype=dtype)
 
 
-def optimizer_step(model, optimizer, micro_batches, cfg: ScriptConfig, dev) -> torch.Tensor:
+def optimizer_step(model, optimizer, scaler, micro_batches, cfg: ScriptConfig,
+                   dev) -> torch.Tensor:
     """Accumulate the gradient of ``accumulation_steps`` micro-batches, synchronising only on
-    the last (``no_sync``: forward and backward inside), then step. Returns this rank's mean
-    loss over its micro-batches (a detached tensor)."""
+    the last (``no_sync``: forward and backward inside), then step through ``scaler``
+    (``train.grad_scaler``: loss scaling under fp16, a pass-through otherwise). Returns this
+    rank's mean loss over its micro-batches (a detached tensor)."""
     k_steps, total = len(micro_batches), torch.zeros((), device=dev, dtype=torch.float64)
     for k, (x, y) in enumerate(micro_batches):
         skip_sync = isinstance(model, DDP) and k < k_steps - 1
@@ -120,9 +127,10 @@ def optimizer_step(model, optimizer, micro_batches, cfg: ScriptConfig, dev) -> t
             with autocast(dev, cfg):
                 pred = model(x)
             loss = loss_fn(pred.to(y.dtype), y) / k_steps  # mean over the K micro-batches
-            loss.backward()
+            scaler.scale(loss).backward()
         total += loss.detach().double()
-    optimizer.step()
+    scaler.step(optimizer)  # skipped if fp16 gradients overflowed; the scale then shrinks
+    scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return total
 
@@ -210,7 +218,8 @@ def load_checkpoint(path: str, model, optimizer=None, dev=None) -> int:
 
 
 def _setup(cfg: ScriptConfig):
-    """Device, model (wrapped in DDP inside a process group), optimizer, first epoch."""
+    """Device, model (wrapped in DDP inside a process group), optimizer, gradient scaler, first
+    epoch."""
     dev = (rank_device() if dist.is_initialized()
            else torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     model = build_mlp(seed=cfg.seed, **MODEL).to(dev, DTYPES[cfg.dtype])
@@ -220,7 +229,7 @@ def _setup(cfg: ScriptConfig):
         start = load_checkpoint(cfg.checkpoint, model, optimizer, dev) + 1
     # DDP wraps the same parameter tensors, so the optimizer built above still updates them.
     wrapped = apply_ddp(model) if dist.is_initialized() else model
-    return dev, wrapped, optimizer, start
+    return dev, wrapped, optimizer, grad_scaler(dev, autocast_dtype(dev, cfg)), start
 
 
 def run(rank: int, world_size: int, cfg: ScriptConfig) -> dict:
@@ -230,7 +239,7 @@ def run(rank: int, world_size: int, cfg: ScriptConfig) -> dict:
     if dist.is_initialized() and (rank, world_size) != (dist.get_rank(), dist.get_world_size()):
         raise ValueError(f"rank={rank}, world_size={world_size} không khớp process group "
                          f"({dist.get_rank()}, {dist.get_world_size()}).")
-    dev, model, optimizer, start = _setup(cfg)
+    dev, model, optimizer, scaler, start = _setup(cfg)
     loader, sampler = make_loader(cfg, rank, world_size)
     steps = len(loader) // cfg.accumulation_steps
     losses, evals = [], []
@@ -240,7 +249,8 @@ def run(rank: int, world_size: int, cfg: ScriptConfig) -> dict:
         batches = iter(loader)
         for _ in range(steps):
             micro = [next(batches) for _ in range(cfg.accumulation_steps)]
-            losses.append(mean_over_ranks(optimizer_step(model, optimizer, micro, cfg, dev)))
+            loss = optimizer_step(model, optimizer, scaler, micro, cfg, dev)
+            losses.append(mean_over_ranks(loss))
             bar.update(losses[-1])
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
             evals.append({"epoch": epoch + 1, "step": len(losses),
@@ -251,9 +261,11 @@ def run(rank: int, world_size: int, cfg: ScriptConfig) -> dict:
         if cfg.checkpoint:
             save_checkpoint(model, optimizer, epoch, cfg)
     net = model.module if isinstance(model, DDP) else model
+    amp = autocast_dtype(dev, cfg)
     return {"rank": rank, "world_size": world_size, "device": str(dev),
             "backend": dist.get_backend() if dist.is_initialized() else None,
-            "autocast": dev.type == "cuda" and cfg.amp, "start_epoch": start,
+            "autocast": amp is not None, "amp_dtype": dtype_name(amp),
+            "loss_scaling": scaler.is_enabled(), "start_epoch": start,
             "steps_per_epoch": steps, "losses": losses, "evals": evals,
             "state": {k: v.detach().cpu().clone() for k, v in net.state_dict().items()}}
 
@@ -277,7 +289,7 @@ def parse_args(argv: Sequence[str] | None = None) -> ScriptConfig:
                    help="đánh giá sau mỗi bao nhiêu epoch")
     p.add_argument("--dtype", choices=tuple(DTYPES), default=d.dtype, help="kiểu của tham số")
     p.add_argument("--no-amp", dest="amp", action="store_false",
-                   help="tắt autocast bf16 trên GPU")
+                   help="tắt autocast 16 bit trên GPU (bf16, hoặc fp16 nếu GPU không có bf16)")
     p.add_argument("--checkpoint", default=None, help="file checkpoint (rank 0 ghi)")
     p.add_argument("--resume", action="store_true", help="tải checkpoint rồi huấn luyện tiếp")
     p.add_argument("--no-progress", dest="progress", action="store_false",
@@ -304,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             dist.destroy_process_group()
     if history["rank"] == 0:
         print(f"Xong: {history['world_size']} process, thiết bị {history['device']}, "
+              f"autocast {history['amp_dtype'] or 'tắt'}, "
               f"{len(history['losses'])} bước, loss cuối = {history['losses'][-1]:.4f}"
               + (f"; checkpoint: {cfg.checkpoint}" if cfg.checkpoint else ""), flush=True)
     return 0

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .checks import int_at_least
+from .data import rank_batch
 from .launch import spawn
 from .measure import peak_memory, time_steps
 from .memory import bytes_per_param
@@ -212,7 +213,7 @@ def _run_dataparallel(kw: dict, global_batch: int, steps: int, warmup: int,
         for d in device_ids:
             torch.cuda.synchronize(d)
 
-    times = time_steps(step, repeats=steps, warmup=warmup)
+    times = time_steps(step, repeats=steps, warmup=warmup, dev=main)
     for d in device_ids:
         torch.cuda.reset_peak_memory_stats(d)
     step()
@@ -232,9 +233,9 @@ def ddp_step_worker(rank: int, world_size: int, model_kwargs: dict | None = None
     ddp = apply_ddp(model)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3)
     dev = next(ddp.parameters()).device
-    local = global_batch // world_size
-    x, y = (t[rank * local:(rank + 1) * local].to(dev) for t in _batch(kw, global_batch))
-    times = time_steps(lambda: train_step(ddp, optimizer, x, y), repeats=steps, warmup=warmup)
+    x, y = rank_batch(_batch(kw, global_batch), rank, global_batch // world_size, dev)
+    times = time_steps(lambda: train_step(ddp, optimizer, x, y), repeats=steps, warmup=warmup,
+                       dev=dev)
     peak = peak_memory(lambda: train_step(ddp, optimizer, x, y), ddp, optimizer)
     return {"method": "DDP", "rank": rank, "device": str(dev), "num_params": num_params(model),
             "step_s": statistics.median(times), "step_times": times, "peak_bytes": peak.peak}

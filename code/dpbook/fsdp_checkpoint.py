@@ -30,16 +30,15 @@ def _adam_fsdp2(seed: int):
 
 def _step_on(model, optimizer, step: int, rank: int, world_size: int) -> float:
     """Train on this rank's slice of global batch number ``step`` (the same data for any N)."""
-    from .data import synthetic_regression
+    from .data import rank_batch, synthetic_regression
     from .train import train_step
 
     if GLOBAL_BATCH % world_size:
         raise ValueError(f"world_size={world_size} phải chia hết GLOBAL_BATCH={GLOBAL_BATCH}.")
-    b = GLOBAL_BATCH // world_size
-    x, y = (t.double() for t in synthetic_regression((step + 1) * GLOBAL_BATCH).tensors)
-    start = step * GLOBAL_BATCH + rank * b
-    dev = device()
-    return train_step(model, optimizer, x[start:start + b].to(dev), y[start:start + b].to(dev))
+    tensors = (t.double() for t in synthetic_regression((step + 1) * GLOBAL_BATCH).tensors)
+    x, y = rank_batch(tensors, rank, GLOBAL_BATCH // world_size, device(),
+                      start=step * GLOBAL_BATCH)
+    return train_step(model, optimizer, x, y)
 
 
 def _full_training_state(model, optimizer) -> dict:

@@ -43,14 +43,13 @@ def dcp_round_trip(rank: int, world_size: int, ckpt_dir: str, steps: int = 2) ->
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     from .checks import int_at_least
-    from .data import synthetic_regression
+    from .data import rank_batch, synthetic_regression
     from .models import build_mlp
     from .train import apply_fsdp2, full_state_dict, train_step
 
     int_at_least("steps", steps)
     batch = 8
     ds = synthetic_regression(batch * world_size)
-    x, y = (t[rank * batch:(rank + 1) * batch] for t in ds.tensors)
 
     def make(seed):
         model = apply_fsdp2(build_mlp(seed=seed))
@@ -58,8 +57,7 @@ def dcp_round_trip(rank: int, world_size: int, ckpt_dir: str, steps: int = 2) ->
 
     model, opt = make(seed=0)
     shard = sharded_parameter(model.blocks[0].linear.weight)
-    dev = next(model.parameters()).device
-    x, y = x.to(dev), y.to(dev)
+    x, y = rank_batch(ds.tensors, rank, batch, next(model.parameters()).device)
     for _ in range(steps):
         train_step(model, opt, x, y)
     msd, osd = get_state_dict(model, opt)

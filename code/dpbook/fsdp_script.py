@@ -24,6 +24,7 @@ from torch import nn
 from . import fsdp_checkpoint
 from .checks import int_at_least, one_of
 from .launch import device
+from .train import amp_dtype, dtype_name, grad_scaler, shard_blocks
 
 POLICIES = ("size", "block", "transformer")
 
@@ -45,19 +46,6 @@ def wrap_policy(name: str, min_num_params: int = 4000):
     if name == "block":
         return ModuleWrapPolicy({TransformerBlock})
     return functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={TransformerBlock})
-
-
-def shard_blocks(model: nn.Module, block_cls: type, **fully_shard_kwargs) -> nn.Module:
-    """FSDP2 by hand: ``fully_shard`` every ``block_cls`` module, then the root (which keeps the
-    parameters no block owns). Unlike ``train.apply_fsdp2`` it does not move the model, so it
-    also works on a model that still lives on the meta device."""
-    from torch.distributed.fsdp import fully_shard
-
-    for module in model.modules():
-        if isinstance(module, block_cls):
-            fully_shard(module, **fully_shard_kwargs)
-    fully_shard(model, **fully_shard_kwargs)
-    return model
 
 
 def fsdp_units(model: nn.Module) -> list[str]:
@@ -83,21 +71,26 @@ def unit_params(model: nn.Module, units: list[str]) -> dict[str, int]:
     return owned
 
 
-def _token_step(model: nn.Module, optimizer, rank: int, world_size: int, batch_size: int = 4):
-    """One next-token step on this rank's slice of a fixed global batch; returns the loss."""
+def _token_step(model: nn.Module, optimizer, rank: int, world_size: int, batch_size: int = 4,
+                scaler=None):
+    """One next-token step on this rank's slice of a fixed global batch; returns the loss.
+    ``scaler`` (``train.grad_scaler``) scales the loss when the model computes in fp16."""
+    from .data import rank_batch
     from .tiny_transformer import random_tokens
 
-    x, y = random_tokens(batch_size * world_size)
-    sl = slice(rank * batch_size, (rank + 1) * batch_size)
     dev = device()
+    if scaler is None:
+        scaler = grad_scaler(dev, None)  # disabled: scale, step and update pass through
+    x, y = rank_batch(random_tokens(batch_size * world_size), rank, batch_size, dev)
     with warnings.catch_warnings():
         # FSDP2 warns that a linear layer on 3-D input returns a view; we never modify it in place.
         warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
-        logits = model(x[sl].to(dev))
-    # The loss in fp32 even when logits are bf16: softmax over a vocabulary needs the range.
-    loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), y[sl].to(dev).flatten())
-    loss.backward()
-    optimizer.step()
+        logits = model(x)
+    # The loss in fp32 even when logits are 16-bit: softmax over a vocabulary needs the range.
+    loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return loss.item()
 
@@ -143,7 +136,7 @@ class DtypeProbe:
         model.register_forward_hook(lambda m, args, out: self._note("output", out))
 
     def _note(self, what: str, t: torch.Tensor) -> None:
-        self.seen.setdefault(what, str(t.dtype).removeprefix("torch."))
+        self.seen.setdefault(what, dtype_name(t.dtype))
 
     def _at_qkv(self, module, args) -> None:
         self._note("qkv input", args[0])
@@ -151,39 +144,53 @@ class DtypeProbe:
 
 
 def _dtypes(tensors) -> list[str]:
-    return sorted({str(t.dtype).removeprefix("torch.") for t in tensors})
+    return sorted({dtype_name(t.dtype) for t in tensors})
+
+
+def precision_policy(method: str, dev: torch.device):
+    """The mixed-precision policy of ``method`` on ``dev`` and its gradient scaler: compute in
+    ``train.amp_dtype(dev)`` (bf16, or fp16 on a GPU without bf16 such as the T4, with loss
+    scaling), reduce gradients in fp32. FSDP1's ``MixedPrecision`` casts buffers too; FSDP2's
+    ``MixedPrecisionPolicy`` has no ``buffer_dtype``: buffers are not sharded, they keep their
+    dtype."""
+    from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+    one_of("method", method, ("fsdp1", "fsdp2"))
+    low, fp32 = amp_dtype(dev), torch.float32
+    if method == "fsdp1":
+        policy = MixedPrecision(param_dtype=low, reduce_dtype=fp32, buffer_dtype=low)
+    else:
+        policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=fp32)
+    return policy, grad_scaler(dev, low, fsdp1=method == "fsdp1")
 
 
 def mixed_precision(rank: int, world_size: int, method: str = "fsdp1") -> dict:
     """Rank function: one step of the tiny Transformer under FSDP1 ``MixedPrecision`` or FSDP2
-    ``MixedPrecisionPolicy`` (bf16 compute, fp32 gradient reduction). Returns the dtypes seen in
-    forward, the dtypes of stored parameters and gradients, and the bytes that AllGather and
+    ``MixedPrecisionPolicy`` (``precision_policy``: 16-bit compute, fp32 gradient reduction).
+    Returns the 16-bit dtype chosen and whether the loss was scaled, the dtypes seen in forward,
+    the dtypes of stored parameters and gradients, and the bytes that AllGather and
     ReduceScatter carried per parameter."""
-    from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
-
     from .measure import CommLog
     from .models import num_params
     from .tiny_transformer import TransformerBlock, build_tiny_transformer
     from .train import apply_fsdp, full_state_dict
 
-    one_of("method", method, ("fsdp1", "fsdp2"))
+    policy, scaler = precision_policy(method, device())
     model = build_tiny_transformer()
     probe = DtypeProbe(model)
-    bf16, fp32 = torch.bfloat16, torch.float32
     if method == "fsdp1":
-        policy = MixedPrecision(param_dtype=bf16, reduce_dtype=fp32, buffer_dtype=bf16)
         wrapped = apply_fsdp(model, auto_wrap_policy=wrap_policy("block"), mixed_precision=policy)
-    else:  # FSDP2 has no buffer_dtype: buffers are not sharded, they keep their dtype
-        policy = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)
+    else:
         wrapped = shard_blocks(model.to(device()), TransformerBlock, mp_policy=policy)
     opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
     with CommLog() as log:
-        _token_step(wrapped, opt, rank, world_size)
+        _token_step(wrapped, opt, rank, world_size, scaler=scaler)
     n = num_params(build_tiny_transformer())
     gathered = sum(r.nbytes for r in log.records if r.collective == "all_gather"
                    and r.phase == "forward")
     reduced = sum(r.nbytes for r in log.records if r.collective == "reduce_scatter")
-    return {"seen": probe.seen, "num_params": n,
+    return {"dtype": dtype_name(policy.param_dtype), "scaler": scaler.is_enabled(),
+            "seen": probe.seen, "num_params": n,
             "stored": _dtypes(wrapped.parameters()),
             "full_state": _dtypes(full_state_dict(wrapped).values()),
             "all_gather_bytes_per_param": gathered / n, "reduce_scatter_bytes_per_param": reduced / n}

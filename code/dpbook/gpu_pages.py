@@ -49,9 +49,10 @@ def _ddp_script(gpus: int, backend: str, timeout: float) -> str:
                        backend=backend, timeout=timeout, output="none")
     r0 = res[0]
     _expect_device(r0["device"], r0["backend"])
-    if r0["autocast"] != r0["device"].startswith("cuda"):  # bf16 autocast on CUDA only
+    if r0["autocast"] != r0["device"].startswith("cuda"):  # 16-bit autocast on CUDA only
         raise AssertionError(f"autocast={r0['autocast']} trên {r0['device']}")
-    return f"{len(r0['losses'])} bước trên {r0['device']}, loss cuối {r0['losses'][-1]:.4f}"
+    return (f"{len(r0['losses'])} bước trên {r0['device']}, autocast {r0['amp_dtype'] or 'tắt'}, "
+            f"loss cuối {r0['losses'][-1]:.4f}")
 
 
 def _fsdp_script(gpus: int, backend: str, timeout: float) -> str:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from . import torchrun
 from .checks import int_at_least, one_of
-from .data import synthetic_regression
+from .data import rank_batch, synthetic_regression
 from .measure import CommLog
 from .models import Block, build_mlp, num_params
 from .torchrun_env import init_from_env, read_env
@@ -49,7 +49,7 @@ def step_traffic(rank: int, world_size: int, par: Parallel, batch_size: int) -> 
     ds = synthetic_regression(batch_size * world_size, model.blocks[0].linear.in_features,
                               model.head.out_features)
     dev = next(wrapped.parameters()).device
-    x, y = (t[rank * batch_size:(rank + 1) * batch_size].to(dev) for t in ds.tensors)
+    x, y = rank_batch(ds.tensors, rank, batch_size, dev)
     train_step(wrapped, optimizer, x, y)  # warm-up: lazy initialisation happens here
     with CommLog() as log:
         train_step(wrapped, optimizer, x, y)

@@ -164,8 +164,9 @@ def check_importable(fn: Callable) -> None:
     if why is not None:
         raise ValueError(
             f"Không thể chạy hàm {qualname!r} trên nhiều process: hàm này {why}. "
-            "Start method 'spawn' tạo process mới từ đầu và gửi hàm sang bằng pickle, tức là chỉ "
-            "gửi tên module và tên hàm; process con phải import lại được hàm theo tên đó. "
+            "Process con (start method forkserver hoặc spawn) nhận hàm qua pickle, tức là chỉ "
+            "nhận tên module và tên hàm, rồi phải import lại được hàm theo tên đó; module "
+            "__main__ của một notebook thì không import lại được. "
             "Cách sửa: đặt hàm worker ở cấp cao nhất của một module import được (ví dụ trong "
             "gói dpbook, hoặc một file .py cạnh notebook) rồi import nó vào notebook."
         )
@@ -222,9 +223,10 @@ def _guard_against_orphans() -> None:
 
 
 def _is_secondary(exc: BaseException) -> bool:
-    """A communication error caused by another rank going away, not a root cause."""
-    text = str(exc)
-    return isinstance(exc, dist.DistError) or "gloo/transport" in text or "NCCL" in text
+    """A communication error caused by another rank going away, not a root cause: what c10d
+    raises (``DistError`` and its subclasses, NCCL's ``DistBackendError`` among them) or gloo's
+    transport reports. Mentioning NCCL is not enough: a rank's own error may name it too."""
+    return isinstance(exc, dist.DistError) or "gloo/transport" in str(exc)
 
 
 def _report_error(q, rank: int, exc: BaseException) -> None:

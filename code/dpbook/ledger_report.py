@@ -44,7 +44,7 @@ def ddp_bucket_view_peak(rank: int, world_size: int, batch_size: int = 8, warmup
     views into the bucket buffers instead of a second copy (compare ``measure_step``'s DDP)."""
     import torch
 
-    from .data import synthetic_regression
+    from .data import rank_batch, synthetic_regression
     from .measure import peak_memory
     from .models import build_mlp
     from .train import apply_ddp, train_step
@@ -55,7 +55,7 @@ def ddp_bucket_view_peak(rank: int, world_size: int, batch_size: int = 8, warmup
     ds = synthetic_regression(batch_size * world_size, model.blocks[0].linear.in_features,
                               model.head.out_features)
     dev = next(wrapped.parameters()).device
-    x, y = (t[rank * batch_size:(rank + 1) * batch_size].to(dev) for t in ds.tensors)
+    x, y = rank_batch(ds.tensors, rank, batch_size, dev)
     for _ in range(warmup):  # Adam creates its state, DDP rebuilds its buckets
         train_step(wrapped, optimizer, x, y)
     return peak_memory(lambda: train_step(wrapped, optimizer, x, y), wrapped, optimizer)

@@ -7,7 +7,8 @@
 * ``state_bytes``: parameters, gradients and optimizer state a rank holds, by local size (a
   DTensor shard or an FSDP1 flat shard counts for what this rank stores).
 * ``peak_memory``: CUDA's allocator statistics on GPU, PyTorch's ``MemTracker`` on CPU.
-* ``time_steps``: median wall time of repeated steps, synchronising CUDA around each.
+* ``time_steps``: median wall time of repeated steps, synchronising CUDA around each when the
+  steps run on a GPU (``sync``: a CPU rank never opens a CUDA context).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .costs import StepVolume, ring_bytes
+from .launch import device
 
 # c10d operator -> (collective, argument whose tensors have the *full* size)
 _C10D_OPS = {
@@ -152,8 +154,7 @@ def peak_memory(run: Callable[[], None], *tracked: Iterable) -> PeakMemory:
     ``tracked``); its peak counts parameters, gradients, optimizer state, activations and
     temporaries, per category.
     """
-    if torch.cuda.is_available() and torch.distributed.is_initialized() \
-            and torch.distributed.get_backend() == "nccl":
+    if device().type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         run()
@@ -172,19 +173,29 @@ def peak_memory(run: Callable[[], None], *tracked: Iterable) -> PeakMemory:
     return PeakMemory(int(cpu.get("Total", 0)), "memtracker", breakdown)
 
 
-def time_steps(step: Callable[[], None], repeats: int = 5, warmup: int = 1) -> list[float]:
-    """Wall time in seconds of ``repeats`` calls of ``step`` after ``warmup`` calls."""
+def sync(dev: torch.device) -> None:
+    """Wait for the work queued on ``dev``: a GPU runs kernels after the call that queued them
+    returns. Nothing to wait for on the CPU, and asking CUDA there (a CUDA build of torch has it
+    available even on a gloo rank) would open a context on GPU 0 in every rank."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def time_steps(step: Callable[[], None], repeats: int = 5, warmup: int = 1,
+               dev: torch.device | None = None) -> list[float]:
+    """Wall time in seconds of ``repeats`` calls of ``step`` after ``warmup`` calls; ``step``
+    runs on ``dev`` (by default this rank's device, ``launch.device()``)."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"cần repeats >= 1 và warmup >= 0, nhận được {repeats}, {warmup}.")
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    dev = device() if dev is None else dev
     for _ in range(warmup):
         step()
     times = []
     for _ in range(repeats):
-        sync()
+        sync(dev)
         t0 = time.perf_counter()
         step()
-        sync()
+        sync(dev)
         times.append(time.perf_counter() - t0)
     return times
 
@@ -199,7 +210,7 @@ def measure_step(rank: int, world_size: int, par=None, model_kwargs: dict | None
     (gradients still present), the peak memory and the median step time, with the numbers the
     formulas need (``num_params``, ``root_params``: parameters no ``Block`` owns).
     """
-    from .data import synthetic_regression
+    from .data import rank_batch, synthetic_regression
     from .models import Block, build_mlp, num_params
     from .train import Parallel, apply_parallel, train_step
 
@@ -213,7 +224,7 @@ def measure_step(rank: int, world_size: int, par=None, model_kwargs: dict | None
     ds = synthetic_regression(batch_size * world_size, model.blocks[0].linear.in_features,
                               model.head.out_features)
     dev = next(wrapped.parameters()).device
-    x, y = (t[rank * batch_size:(rank + 1) * batch_size].to(dev) for t in ds.tensors)
+    x, y = rank_batch(ds.tensors, rank, batch_size, dev)
     for _ in range(warmup):
         train_step(wrapped, optimizer, x, y)
     with CommLog() as log:
@@ -222,7 +233,8 @@ def measure_step(rank: int, world_size: int, par=None, model_kwargs: dict | None
     state = state_bytes(wrapped, optimizer)
     optimizer.zero_grad(set_to_none=True)
     peak = peak_memory(lambda: train_step(wrapped, optimizer, x, y), wrapped, optimizer)
-    times = time_steps(lambda: train_step(wrapped, optimizer, x, y), repeats=repeats, warmup=0)
+    times = time_steps(lambda: train_step(wrapped, optimizer, x, y), repeats=repeats, warmup=0,
+                       dev=dev)
     return {
         "label": par.label,
         "num_params": total_params,

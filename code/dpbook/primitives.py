@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from .checks import int_at_least, non_negative
 from .launch import device
+from .measure import sync
 from .torchrun import free_port
 
 #: The operations ``run_collectives`` shows, in the order the page explains them.
@@ -139,15 +140,10 @@ def barrier_wait(rank: int, world_size: int, late_rank: int = 1, delay: float = 
     return {"late": rank == late_rank, "waited": time.perf_counter() - t0}
 
 
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def _compute(a: torch.Tensor, repeats: int) -> None:
     for _ in range(repeats):
         a = torch.tanh(a @ a) * 0.5  # work that needs no communication
-    _sync(a.device)
+    sync(a.device)
 
 
 def async_overlap(rank: int, world_size: int, numel: int = 2_000_000, matmul: int = 256,
@@ -166,7 +162,7 @@ def async_overlap(rank: int, world_size: int, numel: int = 2_000_000, matmul: in
     dist.barrier()
     t0 = time.perf_counter()
     dist.all_reduce(buf)
-    _sync(dev)
+    sync(dev)
     t_comm = time.perf_counter() - t0
     t0 = time.perf_counter()
     _compute(a, repeats)
@@ -179,7 +175,7 @@ def async_overlap(rank: int, world_size: int, numel: int = 2_000_000, matmul: in
     done_at_launch = work.is_completed()
     _compute(a, repeats)  # runs while the all-reduce is in flight
     work.wait()  # from here on buf holds the sum (on GPU: for work queued after this point)
-    _sync(dev)
+    sync(dev)
     t_both = time.perf_counter() - t0
     expected = world_size * (world_size + 1) / 2
     return {"comm": t_comm, "compute": t_compute, "both": t_both, "launch": t_launch,
@@ -283,7 +279,7 @@ def backend_ops(rank: int, world_size: int, numel: int = 1024) -> dict:
         with _quiet_stderr_fd(), torch.profiler.profile(
                 activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             call()
-            _sync(dev)
+            sync(dev)
         ops[name] = sorted({e.name for e in prof.events() if e.name.startswith(prefix)})
     return ops
 

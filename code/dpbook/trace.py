@@ -220,7 +220,8 @@ def record_lifecycle(rank: int, world_size: int, strategy: str = "FULL_SHARD",
     its state), then record one step: forward, backward, ``optimizer.step()``."""
     from torch.distributed.tensor import DTensor
 
-    from .data import synthetic_regression
+    from .data import rank_batch, synthetic_regression
+    from .launch import device
     from .measure import state_bytes
     from .models import build_mlp
     from .train import train_step
@@ -238,7 +239,7 @@ def record_lifecycle(rank: int, world_size: int, strategy: str = "FULL_SHARD",
     _register_hooks(log, modules + [wrapped], compute)
     optimizer = torch.optim.Adam(wrapped.parameters(), lr=1e-3)
     ds = synthetic_regression(batch_size * world_size, 16, 4)
-    x, y = (t[rank * batch_size:(rank + 1) * batch_size] for t in ds.tensors)
+    x, y = rank_batch(ds.tensors, rank, batch_size, device())
     train_step(wrapped, optimizer, x, y)
     before = state_bytes(wrapped, optimizer)
     with log:

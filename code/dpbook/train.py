@@ -2,7 +2,11 @@
 
 Models stay ignorant of parallelism; these functions take a plain model on any device, move it
 to the rank's device (``launch.device()``) and wrap it. They must run inside an initialised
-process group (for instance in a function started by ``launch.spawn``).
+process group (for instance in a function started by ``launch.spawn``). FSDP2 is applied in one
+place, ``shard_blocks``, always on ``rank_mesh()``, the mesh of the rank's own device.
+
+Mixed precision is chosen in one place too: ``amp_dtype`` (bf16, or fp16 on a GPU without bf16)
+and ``grad_scaler`` (loss scaling for fp16, a pass-through otherwise).
 """
 
 from __future__ import annotations
@@ -49,10 +53,19 @@ class Parallel:
         return "DDP"
 
 
-def _mesh(shard_size: int):
-    """A 2-D mesh (replicate, shard): shard inside groups of ``shard_size`` ranks."""
-    from torch.distributed.device_mesh import init_device_mesh
+def rank_mesh(shard_size: int | None = None):
+    """The device mesh of this rank's device (``launch.device()``): 1-D over every rank, or, with
+    ``shard_size``, 2-D (replicate, shard) that shards inside groups of ``shard_size`` ranks.
 
+    FSDP2 always gets one: without it, ``fully_shard`` builds a mesh for
+    ``torch._C._get_accelerator()``, which is CUDA on every CUDA build of torch whatever the
+    backend, so a gloo rank would set a GPU as its device and move its parameters there. The 1-D
+    mesh wraps the default group itself: ``init_device_mesh("cpu", ...)`` on a CUDA build would
+    create a second gloo group for it."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    if shard_size is None:
+        return DeviceMesh.from_group(dist.group.WORLD, device().type)
     world = dist.get_world_size()
     if world % shard_size:
         raise ValueError(f"shard_size={shard_size} phải chia hết world_size={world}.")
@@ -77,7 +90,7 @@ def apply_fsdp(model: nn.Module, strategy: str = "FULL_SHARD", shard_size: int |
 
     Parallel("fsdp1", strategy=strategy, shard_size=shard_size)  # validates
     if strategy == "HYBRID_SHARD":
-        fsdp_kwargs["device_mesh"] = _mesh(shard_size)
+        fsdp_kwargs["device_mesh"] = rank_mesh(shard_size)
     dev = device()
     fsdp_kwargs.setdefault("auto_wrap_policy", ModuleWrapPolicy({Block}))
     with warnings.catch_warnings():
@@ -95,15 +108,25 @@ def apply_fsdp2(model: nn.Module, reshard_after_forward: bool | None = None,
     (ZeRO-3), but keep the root unsharded, since backward needs it first. ``True`` reshards the
     root too; ``False`` keeps every unit unsharded until backward (ZeRO-2-like).
     """
+    if shard_size is not None:
+        fully_shard_kwargs["mesh"] = rank_mesh(shard_size)
+    return shard_blocks(model.to(device()), Block, reshard_after_forward=reshard_after_forward,
+                        **fully_shard_kwargs)
+
+
+def shard_blocks(model: nn.Module, block_cls: type, **fully_shard_kwargs) -> nn.Module:
+    """FSDP2 by hand: ``fully_shard`` every ``block_cls`` module, then the root (which keeps the
+    parameters no block owns), all on one mesh (``rank_mesh()`` unless ``mesh`` is given).
+    Unlike ``apply_fsdp2`` it does not move the model, so it also works on a model that still
+    lives on the meta device."""
     from torch.distributed.fsdp import fully_shard
 
-    model = model.to(device())
-    if shard_size is not None:
-        fully_shard_kwargs["mesh"] = _mesh(shard_size)
+    if "mesh" not in fully_shard_kwargs:
+        fully_shard_kwargs["mesh"] = rank_mesh()
     for module in model.modules():
-        if isinstance(module, Block):
-            fully_shard(module, reshard_after_forward=reshard_after_forward, **fully_shard_kwargs)
-    fully_shard(model, reshard_after_forward=reshard_after_forward, **fully_shard_kwargs)
+        if isinstance(module, block_cls):
+            fully_shard(module, **fully_shard_kwargs)
+    fully_shard(model, **fully_shard_kwargs)
     return model
 
 
@@ -114,6 +137,36 @@ def apply_parallel(model: nn.Module, par: Parallel) -> nn.Module:
     if par.method == "fsdp1":
         return apply_fsdp(model, par.strategy, par.shard_size)
     return apply_fsdp2(model, par.reshard_after_forward, par.shard_size)
+
+
+def amp_dtype(dev: torch.device) -> torch.dtype:
+    """The 16-bit type of mixed precision on ``dev``: bf16 where the hardware computes it (CPUs,
+    GPUs of compute capability 8.0 and later), fp16 on older GPUs (T4: 7.5, V100: 7.0), which
+    only emulate bf16, many times slower. A GPU is asked about the current device, which is the
+    rank's own once ``launch.spawn`` or ``torchrun_env`` has set it. fp16 needs loss scaling:
+    see ``grad_scaler``."""
+    if dev.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        return torch.float16
+    return torch.bfloat16
+
+
+def dtype_name(dtype: torch.dtype | None) -> str | None:
+    """``"bfloat16"`` for ``torch.bfloat16``: how a run reports a dtype (``None`` stays)."""
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def grad_scaler(dev: torch.device, dtype: torch.dtype | None, fsdp1: bool = False):
+    """A gradient scaler for a step computed in ``dtype`` on ``dev``, enabled only for fp16:
+    its 5 exponent bits flush small gradients to zero unless the loss is scaled up first. For
+    bf16, fp32 or no autocast (``None``) it is disabled, and ``scale``, ``step`` and ``update``
+    pass straight through, so one loop serves every case. Each rank of FSDP holds a shard of
+    the gradients, so an inf found on one rank must skip the step on all: FSDP1 needs
+    ``ShardedGradScaler`` for that, FSDP2's DTensor gradients do it inside ``GradScaler``."""
+    from torch.amp import GradScaler
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    cls = ShardedGradScaler if fsdp1 else GradScaler
+    return cls(dev.type, enabled=dtype == torch.float16)
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
@@ -173,7 +226,7 @@ def fit(rank: int = 0, world_size: int = 1, par: Parallel | None = None, steps: 
     ``bn``: the statistics its first BatchNorm layer normalised with at the first step on this
     rank and over all ranks (see ``first_batchnorm_stats``).
     """
-    from .data import synthetic_regression
+    from .data import rank_batch, synthetic_regression
 
     if record and par is not None and par.method != "ddp":
         raise ValueError("record=True chỉ dùng với một process (par=None) hoặc DDP: với FSDP, "
@@ -188,9 +241,7 @@ def fit(rank: int = 0, world_size: int = 1, par: Parallel | None = None, steps: 
     losses, grads = [], []
     seen = record_batchnorm_input(model) if record else []
     for step in range(steps):
-        start = step * global_batch + rank * batch_size
-        x = x_all[start:start + batch_size].to(dev)
-        y = y_all[start:start + batch_size].to(dev)
+        x, y = rank_batch((x_all, y_all), rank, batch_size, dev, start=step * global_batch)
         out = grads if record and step == 0 else None
         losses.append(train_step(wrapped, optimizer, x, y, reduction, grads_out=out))
     result = {"losses": losses, "state": full_state_dict(wrapped)}

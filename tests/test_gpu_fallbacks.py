@@ -1,0 +1,205 @@
+"""The GPU path, checked on a CPU-only machine: a CUDA build of torch is faked with monkeypatch
+(``torch._C._get_accelerator``, ``torch.cuda.is_available`` and friends), and every call that
+would open a CUDA context raises, so a rank that runs on the CPU must never make one.
+
+The ranks here are one process (a 1-rank gloo group in the test process itself), because a
+monkeypatch does not cross into the processes ``launch.spawn`` starts.
+"""
+
+import ast
+import json
+import math
+import pathlib
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dpbook import bench, compare, costs, data, ddp_script, fsdp_script, launch, measure, train
+from dpbook.models import build_mlp
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+T4, H100 = (7, 5), (9, 0)  # compute capabilities: no native bf16, native bf16
+
+
+class TouchedCuda(AssertionError):
+    pass
+
+
+def _refuse(name):
+    def call(*args, **kwargs):
+        raise TouchedCuda(f"torch.cuda.{name} được gọi trên một rank chạy trên CPU")
+    return call
+
+
+@pytest.fixture
+def cuda_build(monkeypatch):
+    """``fake(capability)``: this process becomes a CUDA build of torch seeing two GPUs of that
+    compute capability; calls that would open a CUDA context raise ``TouchedCuda``."""
+    def fake(capability=H100):
+        monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        # As the real one: a T4 emulates bf16 (slowly), so only including_emulation=False says no.
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                            lambda including_emulation=True:
+                            capability >= (8, 0) or including_emulation)
+        for name in ("synchronize", "empty_cache", "set_device", "current_device", "init",
+                     "_lazy_init", "reset_peak_memory_stats"):
+            monkeypatch.setattr(torch.cuda, name, _refuse(name))
+    return fake
+
+
+@pytest.fixture
+def gloo_rank(tmp_path, monkeypatch):
+    """A 1-rank gloo process group in this process, with the variables ``launch.spawn`` sets."""
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+# ------------------------------------------------- 1. FSDP2 on the rank's own device, not CUDA
+
+def test_fsdp2_under_gloo_shards_on_the_cpu_of_a_cuda_build(gloo_rank, cuda_build):
+    cuda_build()
+    model = train.apply_fsdp2(build_mlp())
+    weight = model.blocks[0].linear.weight
+    assert weight.device_mesh.device_type == "cpu"
+    assert {p.device.type for p in model.parameters()} == {"cpu"} == {launch.device().type}
+    x, y = data.synthetic_regression(4).tensors
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert math.isfinite(train.train_step(model, opt, x, y))
+
+
+def test_meta_init_materialises_shards_on_the_ranks_device(gloo_rank, cuda_build):
+    cuda_build()
+    r = fsdp_script.meta_init(0, 1)
+    assert r["all_meta"] and all(r["loaded_equal"].values())
+
+
+def test_fsdp_lifecycle_trace_runs_on_the_cpu_of_a_cuda_build(gloo_rank, cuda_build):
+    from dpbook import trace
+
+    cuda_build()
+    r = trace.record_lifecycle(0, 1)
+    assert r["call"] == "apply_fsdp2(model, reshard_after_forward=True)"
+    assert {e.kind for e in r["events"]} >= {"forward_compute", "backward_post", "step_end"}
+
+
+def test_the_ranks_batch_goes_to_the_device_it_is_given():
+    x, y = torch.arange(12.0).reshape(6, 2), torch.arange(6.0)
+    xs, ys = data.rank_batch((x, y), 1, 2, torch.device("cpu"), start=2)
+    assert torch.equal(xs, x[4:6]) and torch.equal(ys, y[4:6])
+    assert {t.device.type for t in data.rank_batch((x, y), 0, 3, torch.device("meta"))} == {"meta"}
+
+
+def _fully_shard_callers() -> set[str]:
+    """``module.function`` of every call of ``fully_shard`` in the package."""
+    found = set()
+    for path in (ROOT / "code" / "dpbook").rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "fully_shard":
+                    found.add(f"{path.stem}.{fn.name}")
+    return found
+
+
+def test_fully_shard_is_called_in_one_place_which_passes_the_mesh():
+    assert _fully_shard_callers() == {"train.shard_blocks"}
+
+
+# ------------------------------------------------------ 2. CPU ranks never open a CUDA context
+
+def test_timing_a_cpu_step_does_not_synchronise_cuda(cuda_build):
+    cuda_build()
+    calls = []
+    times = measure.time_steps(lambda: calls.append(1), repeats=2, warmup=1)
+    assert len(times) == 2 and len(calls) == 3
+
+
+def test_measuring_configurations_on_cpu_does_not_empty_the_cuda_cache(gloo_rank, cuda_build):
+    cuda_build()
+    wl = compare.Workload({"in_dim": 8, "hidden": 8, "depth": 1, "out_dim": 8}, 4, 1)
+    out = compare.measure_configs(0, 1, parallels=(train.Parallel("ddp"),), wl=wl)
+    assert out["DDP"]["step_times"] and out["workload"] == wl
+
+
+# ------------------------------------- 3. section 4.2.1: per-rank benchmark results under NCCL
+
+def _code_cell(notebook: str, marker: str) -> str:
+    cells = json.loads((ROOT / notebook).read_text(encoding="utf-8"))["cells"]
+    (source,) = ["".join(c["source"]) for c in cells
+                 if c["cell_type"] == "code" and marker in "".join(c["source"])]
+    return source
+
+
+def test_benchmark_checks_accept_one_gpu_per_rank():
+    n, base = 2, (1e3, 1e5, 1e7, 1e8, 1e9)
+    sizes = bench.round_sizes(base, n)
+    rows = {name: [bench.BenchRow(s, 1e-6 * (k + 1), n, name) for k, s in enumerate(sizes)]
+            for name in ("all_reduce", "all_gather", "reduce_scatter")}
+    copy = bench.CopyRow(max(sizes), 1e-3, "cuda:0")  # timed on rank 0, broadcast to all
+    runs = [{"backend": "nccl", "device": f"cuda:{r}", "itemsize": 4, "rows": rows, "copy": copy}
+            for r in range(n)]
+    namespace = {"bench_runs": runs, "res": runs[0], "copy": copy, "SIZES": sizes, "base": base,
+                 "N": n, "MB": 1e6, "mode": launch.Plan("nccl", "cuda", n, n), "math": math,
+                 "costs": costs}
+    exec(_code_cell("book/ch04/p2/01-giao-tiep.ipynb", "hai biểu đồ trùng nhau"), namespace)
+
+
+# ------------------------------------------------------------- 5. bf16 only where it is native
+
+@pytest.mark.parametrize("capability, dtype", [(T4, torch.float16), (H100, torch.bfloat16)])
+def test_mixed_precision_dtype_follows_the_gpu(cuda_build, capability, dtype):
+    cuda_build(capability)
+    gpu = torch.device("cuda", 0)
+    assert ddp_script.autocast(gpu, ddp_script.ScriptConfig()).fast_dtype == dtype
+    assert train.amp_dtype(gpu) == dtype
+    assert train.grad_scaler(gpu, dtype).is_enabled() == (dtype == torch.float16)
+
+
+def test_the_ddp_script_reports_its_autocast_dtype():
+    cfg = ddp_script.ScriptConfig(epochs=1, num_samples=16, eval_samples=4, progress=False)
+    r = ddp_script.run(0, 1, cfg)
+    assert (r["autocast"], r["amp_dtype"]) == (False, None)  # CPU: no autocast
+
+
+@pytest.mark.parametrize("method, scaler", [
+    ("fsdp1", "ShardedGradScaler"), ("fsdp2", "GradScaler")])
+def test_fsdp_mixed_precision_on_a_t4_is_fp16_with_a_scaler(cuda_build, method, scaler):
+    cuda_build(T4)
+    policy, grad_scaler = fsdp_script.precision_policy(method, torch.device("cuda", 0))
+    assert (policy.param_dtype, policy.reduce_dtype) == (torch.float16, torch.float32)
+    assert type(grad_scaler).__name__ == scaler and grad_scaler.is_enabled()
+
+
+def test_cpu_keeps_bf16_and_needs_no_scaler(cuda_build):
+    cuda_build(T4)
+    cpu = torch.device("cpu")
+    assert train.amp_dtype(cpu) == torch.bfloat16
+    policy, scaler = fsdp_script.precision_policy("fsdp1", cpu)
+    assert policy.param_dtype == policy.buffer_dtype == torch.bfloat16
+    assert not scaler.is_enabled()
+    assert not train.grad_scaler(cpu, None).is_enabled()
+    assert isinstance(ddp_script.autocast(cpu, ddp_script.ScriptConfig()),
+                      type(__import__("contextlib").nullcontext()))
+
+
+# ------------------------------------------------ launch: which errors are consequences
+
+def test_only_communication_errors_are_consequences():
+    assert launch._is_secondary(dist.DistBackendError("NCCL error: remote process exited"))
+    assert launch._is_secondary(dist.DistNetworkError("Connection reset by peer"))
+    assert launch._is_secondary(RuntimeError(
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"))
+    # A root cause whose text happens to name NCCL stays a root cause.
+    assert not launch._is_secondary(ValueError("backend='nccl' cần một GPU cho mỗi rank (NCCL)"))
+    assert not launch._is_secondary(RuntimeError(
+        "CUDA error: out of memory (hãy đặt NCCL_DEBUG=INFO để xem thêm)"))
