@@ -42,7 +42,7 @@ browser:
 # cache (dpbook.tools.nbval_cache); then the whole-book build and the browser tests, which use
 # that cache instead of executing every notebook a second time.
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax -m "not builds_book"
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax -m "not builds_book" --durations=10
 	$(BIN)/python -m pytest -m builds_book tests/test_built_book.py
 
 # Not part of `make test`: the launcher's speed against torch.multiprocessing.spawn, 200

@@ -95,13 +95,9 @@ def test_check_refuses_bad_arguments(tmp_path):
         checker.check(tmp_path / "nope.py")
 
 
-@pytest.mark.distributed
-def test_solution_passes_and_broken_fails_the_right_check():
-    good = checker.check(SOLUTION, verbose=False, timeout=180)
-    assert good.passed, str(good)
-    assert good.max_weight_diff <= checker.TOL
-    bad = checker.check(BROKEN["module_prefix"], verbose=False, timeout=180)
-    assert bad.failed == ["checkpoint"], str(bad)
+# The checker's two real torchrun runs (the solution passes with weights within TOL; the
+# module-prefix conversion fails only "checkpoint") run once, in the lab's own page
+# (book/ch04/p2/bai-a-ddp.ipynb, hidden assert cells), which nbval runs in `make test`.
 
 
 def test_command_line_refuses_a_missing_script(capsys):
