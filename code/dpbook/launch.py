@@ -24,7 +24,8 @@ Design choices, and why:
   closes its sockets while a slower peer is still inside ``connectFullMesh``; the peer then
   fails with ``Connection closed by peer`` (gloo's connecting side counts the pair as connected
   once it has written its sequence number, before the other side has accepted). See
-  ``benchmarks/gloo_init_race.py``: 50 of 100 launches failed without the barrier, 0 with it.
+  ``benchmarks/gloo_init_race.py``: 44 and 50 of 100 launches failed without the barrier in two
+  runs, 0 with it.
 * Results travel as ``pickle.dumps`` bytes rather than through ``torch.multiprocessing``'s
   shared-memory reducers: a rank may exit right after sending, and shared-memory handles of a
   dead process are not reliably readable by the parent.
