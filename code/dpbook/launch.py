@@ -279,19 +279,16 @@ def _child(rank, world_size, backend, store_path, timeout, output, q, env, fn, a
     q.put(("result", rank, payload))
 
 
-_ctx_lock = threading.Lock()
-
-
 def context():
     """The multiprocessing context of every launch: forkserver with torch preloaded (spawn
     where the platform has no forkserver). Starting the forkserver costs one torch import
-    (about 3 s, once per process); every later launch forks from it."""
-    with _ctx_lock:
-        if "forkserver" not in mp.get_all_start_methods():
-            return mp.get_context("spawn")
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(list(PRELOAD))
-        return ctx
+    (about 3 s, once per process); every later launch forks from it. Setting the same preload
+    list again is harmless, so concurrent launches need no lock."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
 
 
 def _main_module_call_line() -> tuple[str, int] | None:
