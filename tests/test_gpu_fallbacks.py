@@ -203,3 +203,68 @@ def test_only_communication_errors_are_consequences():
     assert not launch._is_secondary(ValueError("backend='nccl' cần một GPU cho mỗi rank (NCCL)"))
     assert not launch._is_secondary(RuntimeError(
         "CUDA error: out of memory (hãy đặt NCCL_DEBUG=INFO để xem thêm)"))
+
+
+# ------------------------------------------------ 4. a crashed rank under NCCL: abort, not destroy
+
+def test_a_failed_nccl_rank_aborts_its_groups_instead_of_destroying_them(monkeypatch):
+    calls = []
+    monkeypatch.setattr(dist, "destroy_process_group", lambda *a: calls.append("destroy"))
+    monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group",
+                        lambda *a: calls.append("abort"))
+    for backend, failed in (("nccl", True), ("nccl", False), ("gloo", True), ("gloo", False)):
+        launch._leave_groups(backend, failed)
+    assert calls == ["abort", "destroy", "destroy", "destroy"]
+
+
+@pytest.mark.parametrize("backend, destroyed", [("gloo", True), ("nccl", False)])
+def test_the_crash_demo_closes_ddps_group_only_under_gloo(gloo_rank, monkeypatch, backend,
+                                                          destroyed):
+    from dpbook import failures
+
+    groups = []
+    real_new_group = dist.new_group
+
+    def new_group(*args, **kwargs):
+        groups.append(real_new_group(*args, **kwargs))
+        return groups[-1]
+
+    monkeypatch.setattr(dist, "new_group", new_group)
+    real_get_backend = dist.get_backend
+    monkeypatch.setattr(failures.dist, "get_backend",
+                        lambda group=None: backend if group is not None else real_get_backend())
+    with pytest.raises(RuntimeError, match="mat1 and mat2"):
+        failures.crash(0, 1, bad_rank=0, bad_step=1)
+    alive = groups[0] in dist.distributed_c10d._world.pg_map
+    assert alive != destroyed
+
+
+# ------------------------------------------------ 8. checkpoints on the CPU, with the fp16 scaler
+
+def test_the_ddp_checkpoint_is_on_the_cpu_and_keeps_the_loss_scale(tmp_path):
+    cfg = ddp_script.ScriptConfig(checkpoint=str(tmp_path / "ckpt.pt"))
+    model = build_mlp(seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    scaler.scale(torch.ones(1))  # the scale exists from the first step on
+    scaler.update(new_scale=1024.0)  # as after a few overflows
+    fake_gpu = {"w": torch.ones(2), "nested": [torch.zeros(1), {"t": torch.ones(1)}], "n": 3}
+    moved = ddp_script.on_cpu(fake_gpu)
+    assert moved["n"] == 3 and isinstance(moved["nested"], list)
+    assert all(t.device.type == "cpu" for t in (moved["w"], moved["nested"][0], moved["nested"][1]["t"]))
+    ddp_script.save_checkpoint(model, opt, 4, cfg, scaler)
+    saved = torch.load(cfg.checkpoint, weights_only=True)
+    assert saved["scaler"]["scale"] == 1024.0
+    again = torch.amp.GradScaler("cpu")
+    assert ddp_script.load_checkpoint(cfg.checkpoint, build_mlp(seed=1), dev="cpu",
+                                      scaler=again) == 4
+    assert again.get_scale() == 1024.0
+
+
+def test_the_ledger_caption_names_the_backend_that_ran():
+    from dpbook.widgets import ledger
+
+    r = {"num_params": 10, "backend": "nccl",
+         "state": measure.StateBytes(params=40, grads=40, optimizer=80)}
+    frame = ledger.measured_frame({"DDP": r})
+    assert "2 process nccl" in frame.caption and "gloo" not in frame.caption

@@ -94,6 +94,17 @@ def test_a_rank_that_dies_silently_is_reported():
     assert _rank_processes() == []
 
 
+def test_what_a_rank_writes_below_python_reaches_its_error():
+    # NCCL's watchdog reports a timeout from C++ on fd 2, then aborts the process: the caller
+    # must still see that line (in Jupyter fd 2 goes to the server's terminal, not the cell).
+    with pytest.raises(launch.RankError, match="SIGABRT") as info:
+        launch.spawn(workers.abort_below_python, world_size=2, backend="gloo", timeout=60)
+    assert info.value.rank == 1
+    assert workers.NATIVE_MESSAGE in info.value.native_output
+    assert workers.NATIVE_MESSAGE in str(info.value)
+    assert _rank_processes() == []
+
+
 def test_a_hang_times_out_and_leaves_no_orphans():
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match=r"rank 0, 1"):

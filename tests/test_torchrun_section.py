@@ -36,6 +36,50 @@ def test_choose_backend(extra, gpus, expected):
     assert torchrun_env.choose_backend({**ENV, **extra}, gpus) == expected
 
 
+@pytest.mark.parametrize("host_ranks, gpus, expected", [
+    ([2, 3], 2, ("nccl", 1)),  # this agent alone on its machine: cuda:LOCAL_RANK
+    ([0, 1, 2, 3], 2, ("gloo", None)),  # two agents on one 2-GPU host: would collide, so gloo
+    ([0, 1, 2, 3], 4, ("nccl", 3)),  # ... on a 4-GPU host each takes its own GPU
+    ([1, 3], 2, ("nccl", 1)),  # two hosts, ranks interleaved: one agent per host
+])
+def test_choose_backend_with_the_ranks_found_on_this_host(host_ranks, gpus, expected):
+    assert torchrun_env.choose_backend(ENV, gpus, host_ranks) == expected  # RANK 3, LOCAL_RANK 1
+
+
+def test_a_forced_backend_is_obeyed_or_refused():
+    assert torchrun_env.choose_backend({**ENV, "DPBOOK_BACKEND": "gloo"}, 8) == ("gloo", None)
+    assert torchrun_env.choose_backend({**ENV, "DPBOOK_BACKEND": "nccl"}, 2) == ("nccl", 1)
+    with pytest.raises(RuntimeError, match="DPBOOK_BACKEND=nccl cần 2 GPU"):
+        torchrun_env.choose_backend({**ENV, "DPBOOK_BACKEND": "nccl"}, 1)
+    with pytest.raises(ValueError, match="chỉ nhận gloo hoặc nccl"):
+        torchrun_env.choose_backend({**ENV, "DPBOOK_BACKEND": "mpi"}, 2)
+
+
+def test_forcing_gloo_hides_the_gpus_from_a_script_that_chooses_itself():
+    assert torchrun.BACKEND_ENV["gloo"] == {"DPBOOK_BACKEND": "gloo", "CUDA_VISIBLE_DEVICES": ""}
+    with pytest.raises(ValueError, match="backend"):
+        torchrun.run("dpbook.torchrun_env", backend="cuda")
+
+
+def test_workers_find_the_ranks_on_their_machine():
+    import threading
+
+    store = torch.distributed.HashStore()
+    hosts = {0: "máy-A", 1: "máy-B", 2: "máy-A", 3: "máy-B"}
+    found = {}
+
+    def worker(rank):
+        found[rank] = torchrun_env.ranks_on_this_host(store, rank, 4, me=hosts[rank])
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in hosts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert found == {0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}
+    assert torchrun_env.host_id() == torchrun_env.host_id() != ""
+
+
 def test_layout_problems_sees_wrong_arithmetic_and_agents():
     good = [_report(0, 0, 0, 0), _report(1, 1, 0, 0), _report(2, 0, 1, 1), _report(3, 1, 1, 1)]
     assert torchrun_env.layout_problems(good) == []
@@ -84,8 +128,7 @@ def test_model_sizes_and_figure():
 
 @pytest.mark.distributed
 def test_two_agents_report_consistent_environments():
-    results = torchrun.run("dpbook.torchrun_env", nproc_per_node=2, nnodes=2, timeout=180,
-                           env={torchrun_env.SAME_HOST_VAR: "1"})
+    results = torchrun.run("dpbook.torchrun_env", nproc_per_node=2, nnodes=2, timeout=180)
     reports = torchrun.json_records(results, torchrun_env.TAG)
     assert len(reports) == 4 and torchrun_env.layout_problems(reports) == []
     assert {r["allreduce_sum"] for r in reports} == {10.0}
@@ -97,7 +140,7 @@ def test_two_agents_report_consistent_environments():
 def test_hsdp_across_two_agents_matches_formula_and_single_process():
     out = tempfile.mkdtemp(prefix="hsdp-test-")
     results = torchrun.run("dpbook.hsdp_script", [out], nproc_per_node=2, nnodes=2,
-                           timeout=240, env={torchrun_env.SAME_HOST_VAR: "1"})
+                           timeout=240)
     (summary,) = torchrun.json_records(results, hsdp_script.TAG)
     psi, root = 4 * summary["num_params"], 4 * summary["root_params"]
     predicted = costs.fsdp_step_bytes(psi, 4, "HYBRID_SHARD", shard_size=2, root_bytes=root)

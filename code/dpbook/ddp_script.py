@@ -191,29 +191,45 @@ class Progress:
             print(line, flush=True)
 
 
-def save_checkpoint(model, optimizer, epoch: int, cfg: ScriptConfig) -> None:
-    """Rank 0 writes the unwrapped model (keys without ``module.``), the optimizer state and
-    the epoch, to a temporary name then renames it (a crash mid-write leaves the old file);
-    every rank then waits at a barrier, so nobody reads a half-written file."""
+def on_cpu(obj):
+    """``obj`` (a state dict, nested dicts and lists) with every tensor copied to the CPU, so
+    that the file written by the rank on ``cuda:0`` names no GPU and loads on any machine."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: on_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(on_cpu(v) for v in obj)
+    return obj
+
+
+def save_checkpoint(model, optimizer, epoch: int, cfg: ScriptConfig, scaler=None) -> None:
+    """Rank 0 writes the unwrapped model (keys without ``module.``), the optimizer state, the
+    fp16 loss scaler's state (its current scale) and the epoch, as CPU tensors, to a temporary
+    name then renames it (a crash mid-write leaves the old file); every rank then waits at a
+    barrier, so nobody reads a half-written file."""
     if not dist.is_initialized() or dist.get_rank() == 0:
         net = model.module if isinstance(model, DDP) else model
         path = Path(cfg.checkpoint)
         tmp = path.with_name(path.name + ".tmp")
-        torch.save({"model": net.state_dict(), "optimizer": optimizer.state_dict(),
-                    "epoch": epoch, "config": asdict(cfg)}, tmp)
+        scaler_state = scaler.state_dict() if scaler is not None and scaler.is_enabled() else {}
+        torch.save(on_cpu({"model": net.state_dict(), "optimizer": optimizer.state_dict(),
+                           "scaler": scaler_state, "epoch": epoch, "config": asdict(cfg)}), tmp)
         os.replace(tmp, path)
     if dist.is_initialized():
         dist.barrier()
 
 
-def load_checkpoint(path: str, model, optimizer=None, dev=None) -> int:
+def load_checkpoint(path: str, model, optimizer=None, dev=None, scaler=None) -> int:
     """Load a checkpoint written by ``save_checkpoint`` into a plain (unwrapped) model and,
-    if given, the optimizer; ``map_location`` puts every tensor on this rank's device, not on
-    the GPU rank 0 saved from. Returns the epoch it was saved after."""
+    if given, the optimizer and the loss scaler; ``map_location`` puts every tensor on this
+    rank's device. Returns the epoch it was saved after."""
     ckpt = torch.load(path, map_location=dev or "cpu", weights_only=True)
     model.load_state_dict(ckpt["model"])
     if optimizer is not None:
         optimizer.load_state_dict(ckpt["optimizer"])
+    if scaler is not None and ckpt.get("scaler"):
+        scaler.load_state_dict(ckpt["scaler"])
     return ckpt["epoch"]
 
 
@@ -224,12 +240,13 @@ def _setup(cfg: ScriptConfig):
            else torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     model = build_mlp(seed=cfg.seed, **MODEL).to(dev, DTYPES[cfg.dtype])
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    scaler = grad_scaler(dev, autocast_dtype(dev, cfg))
     start = 0
     if cfg.resume and Path(cfg.checkpoint).exists():
-        start = load_checkpoint(cfg.checkpoint, model, optimizer, dev) + 1
+        start = load_checkpoint(cfg.checkpoint, model, optimizer, dev, scaler) + 1
     # DDP wraps the same parameter tensors, so the optimizer built above still updates them.
     wrapped = apply_ddp(model) if dist.is_initialized() else model
-    return dev, wrapped, optimizer, grad_scaler(dev, autocast_dtype(dev, cfg)), start
+    return dev, wrapped, optimizer, scaler, start
 
 
 def run(rank: int, world_size: int, cfg: ScriptConfig) -> dict:
@@ -259,7 +276,7 @@ def run(rank: int, world_size: int, cfg: ScriptConfig) -> dict:
                 print(f"  đánh giá sau epoch {epoch + 1}: MSE = {evals[-1]['mse']:.4f}, "
                       f"MAE = {evals[-1]['mae']:.4f} ({evals[-1]['samples']} mẫu)", flush=True)
         if cfg.checkpoint:
-            save_checkpoint(model, optimizer, epoch, cfg)
+            save_checkpoint(model, optimizer, epoch, cfg, scaler)
     net = model.module if isinstance(model, DDP) else model
     amp = autocast_dtype(dev, cfg)
     return {"rank": rank, "world_size": world_size, "device": str(dev),

@@ -210,12 +210,17 @@ def unused_parameters(rank: int, world_size: int, steps: int = 3, batch_size: in
 # A rank that crashes.
 
 def crash(rank: int, world_size: int, bad_rank: int = 1, bad_step: int = 1, steps: int = 3,
-          batch_size: int = 4) -> list[float]:
+          batch_size: int = 4, collective_timeout: float = 10.0) -> list[float]:
     """Rank function: DDP training in which rank ``bad_rank`` gets, at step ``bad_step``, a
-    batch with one feature missing (a corrupt sample), so its forward raises. Before raising,
-    it closes the group DDP communicates through, as its process's death would; the other
-    ranks, waiting in the AllReduce, print the error this gives them, then raise it."""
-    group = dist.new_group()
+    batch with one feature missing (a corrupt sample), so its forward raises.
+
+    Under gloo it closes, before raising, the group DDP communicates through, as its process's
+    death would; the other ranks, waiting in the AllReduce, print the error this gives them,
+    then raise it. Under NCCL closing is itself collective (``destroy_process_group`` would wait
+    for the peers stuck in the AllReduce), so it only raises: the launcher aborts its
+    communicators, and a peer's AllReduce ends at the group's ``collective_timeout``, when
+    NCCL's watchdog stops that process."""
+    group = dist.new_group(timeout=datetime.timedelta(seconds=collective_timeout))
     model = apply_ddp(build_mlp(seed=0), process_group=group)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = synthetic_regression(steps * batch_size, seed=rank).tensors
@@ -226,11 +231,11 @@ def crash(rank: int, world_size: int, bad_rank: int = 1, bad_step: int = 1, step
             xb = x[s][:, :-1] if (rank, step) == (bad_rank, bad_step) else x[s]  # 15 features
             losses.append(train_step(model, optimizer, xb.to(dev), y[s].to(dev)))
     except Exception as exc:
-        if rank == bad_rank:
-            dist.destroy_process_group(group)  # what the dying process's closed sockets do
-        else:
+        if rank != bad_rank:
             first = str(exc).strip().splitlines()[0]
             print(f"rank {rank} dừng ở bước {step} với {type(exc).__name__}: {first}")
+        elif dist.get_backend(group) != "nccl":
+            dist.destroy_process_group(group)  # what the dying process's closed sockets do
         raise
     return losses
 

@@ -68,7 +68,8 @@ def _torchrun(gpus: int, backend: str, timeout: float) -> str:
     from . import torchrun, torchrun_env
 
     ws = _world(gpus)
-    results = torchrun.run("dpbook.torchrun_env", nproc_per_node=ws, timeout=timeout)
+    results = torchrun.run("dpbook.torchrun_env", nproc_per_node=ws, timeout=timeout,
+                           backend=backend)
     records = torchrun.json_records(results, torchrun_env.TAG)
     if len(records) != ws or {r["backend"] for r in records} != {backend}:
         raise AssertionError(f"{len(records)} worker, backend {[r['backend'] for r in records]}")
@@ -108,7 +109,7 @@ def _resume(gpus: int, backend: str, timeout: float) -> str:
         torchrun.run("dpbook.resume", ["--ckpt-dir", os.path.join(work, "ckpt"), "--out", out,
                                        "--steps", 8, "--ckpt-every", 4, "--kill-rank", ws - 1,
                                        "--kill-step", 6],
-                     nproc_per_node=ws, max_restarts=1, timeout=timeout)
+                     nproc_per_node=ws, max_restarts=1, timeout=timeout, backend=backend)
         with open(os.path.join(work, "final.json"), encoding="utf-8") as f:
             attempts = json.load(f)["attempts"]
     starts = [a["from_step"] for a in attempts]
@@ -120,7 +121,8 @@ def _resume(gpus: int, backend: str, timeout: float) -> str:
 def _lab_a(gpus: int, backend: str, timeout: float) -> str:
     from .lab_a import SOLUTION, checker
 
-    result = checker.check(SOLUTION, nproc_per_node=_world(gpus), timeout=timeout, verbose=False)
+    result = checker.check(SOLUTION, nproc_per_node=_world(gpus), timeout=timeout, verbose=False,
+                           backend=backend)
     if not result.passed:
         raise AssertionError(f"lời giải trượt các mục {result.failed}")
     return f"lời giải qua {len(result.items)} mục kiểm tra"

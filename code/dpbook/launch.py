@@ -66,6 +66,7 @@ OUTPUTS = ("prefix", "rank0", "none")
 _GRACE_S = 3.0  # how long a terminated child gets before SIGKILL
 _POLL_S = 0.05
 _OUTLIVE_S = 30.0  # how much longer than the caller's deadline a rank's own timeouts are
+_NATIVE_LINES = 20  # how much of a failed rank's C++-level output its RankError carries
 _SETTLE_S = 5.0  # after a first error, time allowed for the other ranks' reports (a loaded
 # machine can take seconds to deliver them; ranks that exit end the wait sooner)
 # What the forkserver imports once, so that no rank pays for it: torch and the parts of
@@ -79,15 +80,23 @@ RANK_NAME = "dpbook-rank"  # process name of every rank (``ps``, ``psutil``), th
 
 
 class RankError(RuntimeError):
-    """A rank raised an exception; ``rank``, ``exc_type`` and ``remote_traceback`` tell which."""
+    """A rank raised an exception; ``rank``, ``exc_type`` and ``remote_traceback`` tell which.
 
-    def __init__(self, rank: int, exc_type: str, message: str, remote_traceback: str):
+    ``native_output`` holds the last lines that rank wrote below Python (C++ code writing to
+    file descriptor 2: NCCL's watchdog, c10d's warnings, a fatal signal's report), which no
+    ``print`` forwarding sees; empty when it wrote none."""
+
+    def __init__(self, rank: int, exc_type: str, message: str, remote_traceback: str,
+                 native_output: str = ""):
         self.rank = rank
         self.exc_type = exc_type
         self.remote_traceback = remote_traceback
+        self.native_output = native_output
+        native = (f"\n--- Rank {rank} ghi ở tầng C++ (stderr của process) ---\n{native_output}"
+                  if native_output else "")
         super().__init__(
             f"Rank {rank} gặp lỗi {exc_type}: {message}\n"
-            f"--- Traceback trong rank {rank} ---\n{remote_traceback.rstrip()}"
+            f"--- Traceback trong rank {rank} ---\n{remote_traceback.rstrip()}{native}"
         )
 
 
@@ -236,8 +245,41 @@ def _report_error(q, rank: int, exc: BaseException) -> None:
            time.time(), _is_secondary(exc)))
 
 
+def _native_log(store_path: str, rank: int) -> str:
+    return os.path.join(os.path.dirname(store_path), f"rank{rank}.native.log")
+
+
+def _capture_native_output(path: str) -> None:
+    """Send this process's file descriptors 1 and 2 to ``path``. C++ code (NCCL's watchdog
+    before it aborts the process, c10d's warnings) writes there directly, past ``sys.stderr``;
+    in Jupyter that output would land in the server's terminal, not in the cell."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _abort_groups() -> None:
+    """Under NCCL, tear the groups down without a collective: ``destroy_process_group`` waits
+    on its peers' communicators, which a failed run has left mid-collective (torch's
+    ``_abort_process_group``, experimental in 2.13, aborts every communicator locally)."""
+    try:
+        dist.distributed_c10d._abort_process_group()
+    except Exception:  # noqa: BLE001 - the process is ending anyway
+        pass
+
+
+def _leave_groups(backend: str, failed: bool) -> None:
+    """End of a rank: destroy its groups, or abort them under NCCL after a failure."""
+    if failed and backend == "nccl":
+        _abort_groups()
+    else:
+        dist.destroy_process_group()
+
+
 def _child(rank, world_size, backend, store_path, timeout, output, q, env, fn, args, kwargs):
     _guard_against_orphans()
+    _capture_native_output(_native_log(store_path, rank))
     _prctl(15, f"{RANK_NAME}{rank}".encode())  # 15 = PR_SET_NAME: ranks are easy to find
     q.put(("started", rank))
     forward = output == "prefix" or (output == "rank0" and rank == 0)
@@ -261,20 +303,25 @@ def _child(rank, world_size, backend, store_path, timeout, output, q, env, fn, a
         wait = datetime.timedelta(seconds=timeout + _OUTLIVE_S)
         store = dist.FileStore(store_path, world_size)
         store.set_timeout(wait)
+        # device_id binds the group to this rank's GPU, so barrier() and new_group() need not
+        # guess it (torch warns at every barrier otherwise).
+        bound = {"device_id": torch.device("cuda", rank)} if backend == "nccl" else {}
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=wait)
+                                timeout=wait, **bound)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
         _report_error(q, rank, exc)
         return
+    failed = True
     try:
         payload = pickle.dumps(fn(rank, world_size, *args, **kwargs))
+        failed = False
     except BaseException as exc:  # noqa: BLE001
         # Report before tearing down the group: peers blocked in a collective fail right after,
         # and the caller uses the time stamps to tell the cause from its consequences.
         _report_error(q, rank, exc)
         return
     finally:
-        dist.destroy_process_group()
+        _leave_groups(backend, failed)
     sys.stdout.flush(), sys.stderr.flush()
     q.put(("result", rank, payload))
 
@@ -395,7 +442,8 @@ def spawn(fn: Callable, *args: Any, world_size: int | None = None, backend: str 
     try:
         for proc in procs:
             proc.start()
-        return _collect(procs, q, n, timeout, output)
+        logs = [_native_log(os.path.join(rendezvous, "store"), r) for r in range(n)]
+        return _collect(procs, q, n, timeout, output, logs)
     finally:
         _terminate(procs)
         q.close()
@@ -415,7 +463,7 @@ class _Reports:
         return rank in self.results or any(e[0] == rank for e in self.errors)
 
 
-def _collect(procs, q, n, timeout, output) -> list:
+def _collect(procs, q, n, timeout, output, logs) -> list:
     seen = _Reports({}, [], set())
     deadline = time.monotonic() + timeout
     settle = None  # after a first error, how long to wait for the others' reports
@@ -439,18 +487,28 @@ def _collect(procs, q, n, timeout, output) -> list:
             continue
         _handle(msg, seen, output)
     if seen.errors:
-        raise _root_cause(seen.errors)
+        _check_exits(procs, seen, q, output)  # a rank the watchdog just aborted
+        raise _root_cause(seen.errors, logs)
     return [seen.results[r] for r in range(n)]
 
 
-def _root_cause(errors: list[tuple]) -> RankError:
+def _root_cause(errors: list[tuple], logs: list[str] | None = None) -> RankError:
     """The error that is not a consequence of another: a non-communication error first, then
     the earliest."""
     rank, exc_type, message, tb, _, _ = min(errors, key=lambda e: (e[5], e[4]))
     others = sorted({e[0] for e in errors} - {rank})
     if others:
         message += f" (sau đó rank {', '.join(map(str, others))} cũng dừng vì lỗi này)"
-    return RankError(rank, exc_type, message, tb)
+    native = _tail(logs[rank]) if logs else ""
+    return RankError(rank, exc_type, message, tb, native)
+
+
+def _tail(path: str, lines: int = _NATIVE_LINES) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "\n".join(f.read().rstrip().splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def _handle(msg, seen: _Reports, output) -> None:

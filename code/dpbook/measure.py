@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .costs import StepVolume, ring_bytes
@@ -237,6 +238,7 @@ def measure_step(rank: int, world_size: int, par=None, model_kwargs: dict | None
                        dev=dev)
     return {
         "label": par.label,
+        "backend": dist.get_backend(),
         "num_params": total_params,
         "root_params": root_params,
         "volume": log.volume(),

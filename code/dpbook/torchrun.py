@@ -22,10 +22,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checks import int_at_least, non_negative
+from .checks import int_at_least, non_negative, one_of
 from .launch import INIT_BARRIER
 
 _GRACE_S = 5.0  # after SIGTERM, torchrun needs a moment to stop its workers itself
+BACKEND_VAR = "DPBOOK_BACKEND"  # read by torchrun_env.choose_backend in every worker
+# What ``backend=`` puts in the workers' environment. Forcing gloo also hides the GPUs, so a
+# worker that picks its backend itself (a learner's script) picks gloo too, and touches no GPU.
+BACKEND_ENV = {"auto": {}, "gloo": {BACKEND_VAR: "gloo", "CUDA_VISIBLE_DEVICES": ""},
+               "nccl": {BACKEND_VAR: "nccl"}}
 
 
 @dataclass(frozen=True)
@@ -161,15 +166,21 @@ def run_process(cmd, timeout: float = 120.0, env: dict | None = None,
 
 def run(target: str, args=(), *, nproc_per_node: int = 2, nnodes: int = 1,
         max_restarts: int = 0, timeout: float = 120.0, module: bool = True,
-        env: dict | None = None, cwd: str | None = None, check: bool = True) -> list[AgentResult]:
+        env: dict | None = None, cwd: str | None = None, check: bool = True,
+        backend: str = "auto") -> list[AgentResult]:
     """Start ``nnodes`` torchrun agents (``nproc_per_node`` workers each) on this machine, wait
     for all of them and return one ``AgentResult`` per agent, in node order.
+
+    ``backend="auto"`` lets each worker choose (``torchrun_env.choose_backend``: NCCL when the
+    host has a GPU per worker); ``"gloo"`` or ``"nccl"`` forces it (``BACKEND_ENV``).
 
     ``check=True`` raises ``RuntimeError`` (with every agent's output) if an agent fails.
     After ``timeout`` seconds every agent and worker is killed and ``TimeoutError`` is raised.
     """
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout phải là số giây dương, nhận được {timeout!r}.")
+    one_of("backend", backend, tuple(BACKEND_ENV))
+    env = {**BACKEND_ENV[backend], **(env or {})}
     endpoint = None if nnodes == 1 else f"127.0.0.1:{free_port()}"
     cmds = [command(target, args, nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=i,
                     rdzv_endpoint=endpoint, max_restarts=max_restarts, module=module)

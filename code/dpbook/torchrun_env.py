@@ -3,7 +3,9 @@
 ``torchrun --nnodes=2 --nproc_per_node=2 ... -m dpbook.torchrun_env`` starts workers that
 join one process group from the variables ``torchrun`` set (``init_from_env``), check it with
 one AllReduce and print one JSON line each, tagged ``TAG``: the variables, the host, the process
-id, the backend and the device. ``dpbook.torchrun.json_records`` reads those lines back from
+id, the backend and the device. Both agents may run on one machine (two terminals, emulated
+nodes): the workers find that out through the agent's store and share the GPUs without
+collision, no variable needed. ``dpbook.torchrun.json_records`` reads those lines back from
 the agents' outputs, and ``layout_problems`` checks the rank arithmetic they must obey.
 """
 
@@ -18,6 +20,7 @@ import torch.distributed as dist
 
 from . import torchrun
 from .launch import INIT_BARRIER, device
+from .torchrun import BACKEND_VAR
 
 TAG = "DPBOOK_ENV"
 # Variables torchrun sets in every worker; integers first, then strings.
@@ -46,22 +49,63 @@ def read_env(environ: dict | None = None) -> dict:
 
 
 SAME_HOST_VAR = "DPBOOK_SAME_HOST"  # "1": every agent runs on this host (emulated nodes)
+BACKENDS = ("gloo", "nccl")  # accepted values of BACKEND_VAR (torchrun.run(backend=...) sets it)
 
 
-def choose_backend(environ: dict, gpus: int) -> tuple[str, int | None]:
+def host_id() -> str:
+    """What identifies this machine to its peers: the kernel's boot id, shared by every process
+    (containers included) that sees the same GPUs, and unique per machine even where cloned
+    machines share a hostname; the hostname where ``/proc`` does not say."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def ranks_on_this_host(store, rank: int, world_size: int, me: str | None = None) -> list[int]:
+    """The global ranks of the job that run on this machine, in order, learnt through ``store``
+    (each worker publishes its ``host_id`` and reads everyone's). More ranks here than
+    ``LOCAL_WORLD_SIZE`` means several agents share the machine."""
+    me = host_id() if me is None else me
+    store.set(f"dpbook_host/{rank}", me)
+    keys = [f"dpbook_host/{r}" for r in range(world_size)]
+    store.wait(keys)
+    return [r for r, k in enumerate(keys) if store.get(k).decode() == me]
+
+
+def choose_backend(environ: dict, gpus: int,
+                   host_ranks: list[int] | None = None) -> tuple[str, int | None]:
     """``(backend, cuda index)`` for the worker described by ``environ`` on a host with
     ``gpus`` GPUs: NCCL with one GPU per worker when there are enough, else gloo on the CPU.
 
-    On a real node a worker owns ``cuda:LOCAL_RANK`` and needs ``LOCAL_WORLD_SIZE`` GPUs. When
-    several agents share one host to emulate nodes (``DPBOOK_SAME_HOST=1``), two workers with
-    the same ``LOCAL_RANK`` would collide on one GPU, so each owns ``cuda:RANK`` instead and the
-    host needs ``WORLD_SIZE`` GPUs."""
+    On a real node a worker owns ``cuda:LOCAL_RANK`` and the node needs ``LOCAL_WORLD_SIZE``
+    GPUs. When several agents share one host to emulate nodes (``host_ranks``, the ranks found on
+    this host, holds more than this agent's workers; or ``DPBOOK_SAME_HOST=1``), two workers with
+    the same ``LOCAL_RANK`` would collide on one GPU, so each owns the GPU of its position among
+    the host's ranks and the host needs one GPU per rank it runs. ``DPBOOK_BACKEND`` forces the
+    backend: ``gloo`` always works, ``nccl`` without enough GPUs is refused."""
     env = read_env(environ)
-    same_host = environ.get(SAME_HOST_VAR) == "1"
-    needed = env["WORLD_SIZE"] if same_host else env["LOCAL_WORLD_SIZE"]
-    if gpus >= needed:
-        return "nccl", env["RANK"] if same_host else env["LOCAL_RANK"]
-    return "gloo", None
+    if environ.get(SAME_HOST_VAR) == "1":
+        host_ranks = list(range(env["WORLD_SIZE"]))
+    if host_ranks is None or len(host_ranks) <= env["LOCAL_WORLD_SIZE"]:
+        needed, index = env["LOCAL_WORLD_SIZE"], env["LOCAL_RANK"]
+    else:
+        needed, index = len(host_ranks), host_ranks.index(env["RANK"])
+    forced = environ.get(BACKEND_VAR, "")
+    if forced and forced not in BACKENDS:
+        raise ValueError(f"{BACKEND_VAR}={forced!r} không hợp lệ: chỉ nhận {' hoặc '.join(BACKENDS)} "
+                         "(hoặc bỏ trống để tự chọn theo số GPU).")
+    if forced == "gloo" or (not forced and gpus < needed):
+        return "gloo", None
+    if gpus < needed:
+        raise RuntimeError(f"{BACKEND_VAR}=nccl cần {needed} GPU trên máy này (một GPU cho mỗi "
+                           f"worker của máy), nhưng chỉ thấy {gpus}. Bỏ {BACKEND_VAR} để chạy "
+                           "gloo trên CPU, hoặc giảm --nproc_per_node.")
+    return "nccl", index
+
+
+_SEEN: dict = {}  # what init_from_env learnt, for report()
 
 
 def init_from_env() -> torch.device:
@@ -72,15 +116,15 @@ def init_from_env() -> torch.device:
     finds there the keys the previous attempt left: peers' addresses, now dead (with gloo, PyTorch
     2.13 sometimes connects to them and the restart fails). The store is therefore wrapped in a
     prefix of its own per attempt (``TORCHELASTIC_RESTART_COUNT``), so no worker reads a stale key.
+    The same store tells each worker which ranks share its machine, before any GPU is chosen.
     """
     # A script started by the reader's own torchrun gets the init barrier too (dpbook.launch).
     os.environ.update(INIT_BARRIER)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    backend, index = choose_backend(dict(os.environ), gpus)
-    if index is not None:
-        # Before init: NCCL binds this process to the current device.
-        torch.cuda.set_device(index)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        backend, index = choose_backend(dict(os.environ), gpus)
+        if index is not None:
+            torch.cuda.set_device(index)  # before init: NCCL binds this process to it
         dist.init_process_group(backend=backend)  # env://: a fresh store, nothing stale
         return device()
     timeout = datetime.timedelta(seconds=60)
@@ -88,18 +132,27 @@ def init_from_env() -> torch.device:
                                 is_master=False, timeout=timeout)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"dpbook_attempt_{attempt}", agent_store)
-    dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
-                            world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    host_ranks = ranks_on_this_host(store, rank, world_size)
+    _SEEN["host_ranks"] = host_ranks
+    backend, index = choose_backend(dict(os.environ), gpus, host_ranks)
+    if index is not None:
+        torch.cuda.set_device(index)
+    kwargs = {"device_id": torch.device("cuda", index)} if index is not None else {}
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=timeout, **kwargs)
     return device()
 
 
 def report(dev: torch.device) -> dict:
-    """This worker's torchrun variables, host, pid, backend, device, and the result of an
-    AllReduce of ``rank + 1`` over the whole group (``W(W+1)/2`` if everyone joined)."""
+    """This worker's torchrun variables, host, pid, backend, device, the ranks found on its
+    machine (``None`` without the agent's store), and the result of an AllReduce of
+    ``rank + 1`` over the whole group (``W(W+1)/2`` if everyone joined)."""
     t = torch.tensor([dist.get_rank() + 1.0], device=dev)
     dist.all_reduce(t)
     return {**read_env(), "hostname": socket.gethostname(), "pid": os.getpid(),
-            "backend": dist.get_backend(), "device": str(dev), "allreduce_sum": t.item()}
+            "backend": dist.get_backend(), "device": str(dev), "allreduce_sum": t.item(),
+            "host_ranks": _SEEN.get("host_ranks")}
 
 
 def layout_problems(reports: list[dict]) -> list[str]:

@@ -59,6 +59,24 @@ def exit_abruptly(rank: int, world_size: int, bad_rank: int = 1) -> int:
     return rank
 
 
+NATIVE_MESSAGE = "[E] Watchdog caught collective operation timeout (giả lập)"
+
+
+def abort_below_python(rank: int, world_size: int, bad_rank: int = 1) -> int:
+    """Rank ``bad_rank`` writes ``NATIVE_MESSAGE`` straight to file descriptor 2, past
+    ``sys.stderr``, and aborts (SIGABRT), as NCCL's watchdog does on a timed-out collective; the
+    others wait in a barrier."""
+    import os
+
+    import torch.distributed as dist
+
+    if rank == bad_rank:
+        os.write(2, (NATIVE_MESSAGE + "\n").encode())
+        os.abort()
+    dist.barrier()
+    return rank
+
+
 def child_pid(rank: int, world_size: int) -> int:
     import os
 

@@ -228,21 +228,24 @@ def check_loss(loss: float | None, ref_loss: float) -> Item:
     return Item("loss", title, ok, f"{loss:.9f} so với {ref_loss:.9f}", hint)
 
 
-def _run(script: Path, nproc: int, epochs: int, timeout: float, out: str, trace: str):
+def _run(script: Path, nproc: int, epochs: int, timeout: float, out: str, trace: str,
+         backend: str = "auto"):
     """Run ``script`` under torchrun; returns (exit code or None on timeout, output)."""
     try:
         results = torchrun.run(str(script), ["--out", out, "--epochs", epochs], module=False,
                                nproc_per_node=nproc, timeout=timeout, check=False,
-                               env={TRACE_ENV: trace})
+                               env={TRACE_ENV: trace}, backend=backend)
     except TimeoutError as exc:
         return None, str(exc)
     return results[0].returncode, results[0].output
 
 
 def check(script: str | os.PathLike, nproc_per_node: int = 2, epochs: int = 3,
-          timeout: float = 120.0, verbose: bool = True) -> Result:
+          timeout: float = 120.0, verbose: bool = True, backend: str = "auto") -> Result:
     """Run ``script`` with torchrun on ``nproc_per_node`` processes and judge it against the
-    given single-process script; print the report if ``verbose``; return the ``Result``."""
+    given single-process script; print the report if ``verbose``; return the ``Result``.
+    ``backend="gloo"`` hides the GPUs from the script (``torchrun.BACKEND_ENV``), so a script
+    that picks NCCL when it sees GPUs runs on the CPU."""
     int_at_least("nproc_per_node", nproc_per_node)
     int_at_least("epochs", epochs, 2)  # set_epoch shows only from the second epoch on
     script = Path(script).resolve()
@@ -251,7 +254,7 @@ def check(script: str | os.PathLike, nproc_per_node: int = 2, epochs: int = 3,
     ref = reference(epochs, timeout)
     out, trace = tempfile.mkdtemp(prefix="lab-a-out-"), tempfile.mkdtemp(prefix="lab-a-trace-")
     try:
-        code, output = _run(script, nproc_per_node, epochs, timeout, out, trace)
+        code, output = _run(script, nproc_per_node, epochs, timeout, out, trace, backend)
         ckpt_item, state, loss = check_checkpoint(Path(out) / CKPT)
         traces = read_traces(trace)
     finally:

@@ -236,8 +236,9 @@ def measured_frame(results: dict, world_size: int = 2) -> LedgerFrame:
     for strategy, predicted, measured in compare(results, world_size):
         bars.append(Bar("dự đoán", "", predicted, (), group=strategy))
         bars.append(Bar("đo được", "", measured, (), group=strategy, measured=True))
-    n = next(iter(results.values()))["num_params"]
-    caption = (f"MLP nhỏ ({n} tham số), {world_size} process gloo, fp32, Adam, sau "
+    first = next(iter(results.values()))
+    n, backend = first["num_params"], first.get("backend", "gloo")
+    caption = (f"MLP nhỏ ({n} tham số), {world_size} process {backend}, fp32, Adam, sau "
                "optimizer.step(): mỗi cặp cột là công thức (trái) và số byte đo trên rank 0 "
                "(phải).")
     return LedgerFrame(f"Đo được so với dự đoán: N = {world_size}, fp32, Adam", world_size,
