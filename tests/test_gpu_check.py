@@ -22,3 +22,51 @@ def test_world_sizes_cover_powers_of_two_and_the_gpu_count():
     assert gpu_check.world_sizes(3) == [1, 2, 3]
     assert gpu_check.world_sizes(8) == [1, 2, 4, 8]
     assert gpu_check.world_sizes(6) == [1, 2, 4, 6]
+
+
+def test_page_checks_run_on_the_largest_power_of_two_of_gpus():
+    assert [gpu_check.largest_power_of_two(n) for n in (1, 2, 3, 4, 6, 8)] == [1, 2, 2, 4, 4, 8]
+
+
+def test_fallbacks_are_the_modes_a_gpu_box_takes_when_ranks_outnumber_gpus():
+    assert gpu_check.FALLBACKS == ((1, 2), (2, 4))
+    assert all(ranks > visible for visible, ranks in gpu_check.FALLBACKS)
+
+
+def test_a_peak_ordering_that_breaks_the_pages_claim_is_reported():
+    rows = [{"world_size": 1, "method": "DDP", "peak_mib": 10.0},
+            {"world_size": 1, "method": "FSDP2 reshard_after_forward=None", "peak_mib": 12.0},
+            {"world_size": 2, "method": "DDP", "peak_mib": 10.0},
+            {"world_size": 2, "method": "FSDP2 reshard_after_forward=None", "peak_mib": 6.0},
+            {"world_size": 4, "method": "DDP", "peak_mib": 10.0},
+            {"world_size": 4, "method": "FSDP2 reshard_after_forward=None", "peak_mib": 10.5}]
+    assert gpu_check.peak_problems(rows) == ["N = 4: FSDP2 10.5 MiB ≥ DDP 10.0 MiB"]
+
+
+def test_the_environment_report_names_a_t4_the_wheel_cannot_run(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_80", "sm_90"])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda i, j: False)
+    lines = gpu_check.environment()
+    assert "sm_80 sm_90" in lines[1]
+    assert "cuda:1 Tesla T4: sm_75 (KHÔNG có trong bản torch này)" in lines[3]
+    assert "fp16 + GradScaler" in lines[3]
+    assert lines[4].startswith("P2P") and "không" in lines[4]
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_75", "sm_80"])
+    assert "KHÔNG" not in gpu_check.environment()[2]
+
+
+def test_fallback_children_see_fewer_gpus_and_forbid_cuda_on_cpu_ranks(monkeypatch):
+    seen = {}
+
+    def fake_run(cmd, env, **kwargs):
+        seen.update(cmd=cmd, env=env)
+        return subprocess.CompletedProcess(cmd, 0, "  ✓ trang\n", "")
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    assert gpu_check.fallback(2, 4)
+    assert seen["cmd"][-2:] == ["--fallback", "4"]
+    assert seen["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert seen["env"][gpu_check.launch.NO_CUDA_VAR] == "1"

@@ -239,7 +239,12 @@ def test_the_crash_demo_closes_ddps_group_only_under_gloo(gloo_rank, monkeypatch
     assert alive != destroyed
 
 
-# ------------------------------------------------ 8. checkpoints on the CPU, with the fp16 scaler
+# ------------------------------------------------ 8. minor: bound devices, checkpoints, captions
+
+def test_nccl_groups_are_bound_to_the_ranks_gpu():
+    assert launch._bound_device("nccl", 3) == {"device_id": torch.device("cuda", 3)}
+    assert launch._bound_device("gloo", 3) == {}
+
 
 def test_the_ddp_checkpoint_is_on_the_cpu_and_keeps_the_loss_scale(tmp_path):
     cfg = ddp_script.ScriptConfig(checkpoint=str(tmp_path / "ckpt.pt"))

@@ -19,7 +19,7 @@ def test_a_failing_page_is_reported_and_the_rest_still_run(monkeypatch):
     def broken(gpus, backend, timeout):
         raise RuntimeError("hỏng có chủ ý\ndòng thứ hai")
 
-    monkeypatch.setattr(gpu_pages, "PAGES", {"a": broken, "b": lambda g, b, t: f"{g} {b}"})
+    monkeypatch.setattr(gpu_pages, "PAGES", {"a": broken, "b": lambda w, b, t: f"{w} {b}"})
     rows = gpu_pages.run_pages(2, backend="gloo", timeout=5)
     assert [(r["page"], r["ok"]) for r in rows] == [("a", False), ("b", True)]
     assert rows[0]["detail"] == "RuntimeError: hỏng có chủ ý" and rows[1]["detail"] == "2 gloo"
@@ -28,5 +28,14 @@ def test_a_failing_page_is_reported_and_the_rest_still_run(monkeypatch):
 @pytest.mark.distributed
 @pytest.mark.parametrize("page", list(gpu_pages.PAGES))
 def test_every_page_check_passes_on_cpu(page):
-    detail = gpu_pages.PAGES[page](2, "gloo", 240)
-    assert isinstance(detail, str) and detail
+    # "auto" as in make gpu-check's fallbacks: every launcher chooses, here gloo on the CPU.
+    detail = gpu_pages.PAGES[page](2, "auto", 240)
+    assert isinstance(detail, str) and detail and not detail.startswith("bỏ qua")
+
+
+def test_a_run_on_the_wrong_backend_fails_its_check(monkeypatch):
+    gpu_pages._expect_run("cpu", "gloo", 2, "auto")  # this machine: auto means gloo
+    # A GPU host where the run should have used NCCL but fell back silently:
+    monkeypatch.setattr(gpu_pages, "_expected", lambda ws, backend: "nccl")
+    with pytest.raises(AssertionError, match="chạy bằng gloo, cần nccl"):
+        gpu_pages._expect_run("cpu", "gloo", 2, "auto")

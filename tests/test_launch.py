@@ -105,6 +105,16 @@ def test_what_a_rank_writes_below_python_reaches_its_error():
     assert _rank_processes() == []
 
 
+def test_a_cpu_rank_that_touched_cuda_fails_when_asked(monkeypatch):
+    assert launch.spawn(workers.touch_cuda_as_a_bug_would, world_size=2, backend="gloo",
+                        timeout=60) == [0, 1]
+    monkeypatch.setenv(launch.NO_CUDA_VAR, "1")
+    with pytest.raises(launch.RankError, match="đã khởi tạo CUDA"):
+        launch.spawn(workers.touch_cuda_as_a_bug_would, world_size=2, backend="gloo", timeout=60)
+    assert launch.spawn(workers.say_hello, world_size=2, backend="gloo", timeout=60,
+                        output="none") == [0, 1]
+
+
 def test_a_hang_times_out_and_leaves_no_orphans():
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match=r"rank 0, 1"):

@@ -77,6 +77,9 @@ PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.distributed
 # Set in every process that joins a group, here and under torchrun (see the module docstring).
 INIT_BARRIER = {"TORCH_DIST_INIT_BARRIER": "1"}
 RANK_NAME = "dpbook-rank"  # process name of every rank (``ps``, ``psutil``), then its number
+# "1": a gloo rank that has initialised CUDA fails (``make gpu-check``'s fallback runs: on a GPU
+# box each CPU rank that touches CUDA opens a context on GPU 0 and may hide a wrong device).
+NO_CUDA_VAR = "DPBOOK_CHECK_NO_CUDA"
 
 
 class RankError(RuntimeError):
@@ -269,6 +272,12 @@ def _abort_groups() -> None:
         pass
 
 
+def _bound_device(backend: str, rank: int) -> dict:
+    """``init_process_group``'s ``device_id`` under NCCL: the group is bound to the rank's GPU,
+    so ``barrier()`` and ``new_group()`` need not guess it (torch warns at every barrier then)."""
+    return {"device_id": torch.device("cuda", rank)} if backend == "nccl" else {}
+
+
 def _leave_groups(backend: str, failed: bool) -> None:
     """End of a rank: destroy its groups, or abort them under NCCL after a failure."""
     if failed and backend == "nccl":
@@ -303,17 +312,19 @@ def _child(rank, world_size, backend, store_path, timeout, output, q, env, fn, a
         wait = datetime.timedelta(seconds=timeout + _OUTLIVE_S)
         store = dist.FileStore(store_path, world_size)
         store.set_timeout(wait)
-        # device_id binds the group to this rank's GPU, so barrier() and new_group() need not
-        # guess it (torch warns at every barrier otherwise).
-        bound = {"device_id": torch.device("cuda", rank)} if backend == "nccl" else {}
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=wait, **bound)
+                                timeout=wait, **_bound_device(backend, rank))
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
         _report_error(q, rank, exc)
         return
     failed = True
     try:
-        payload = pickle.dumps(fn(rank, world_size, *args, **kwargs))
+        result = fn(rank, world_size, *args, **kwargs)
+        if backend == "gloo" and env.get(NO_CUDA_VAR) == "1" and torch.cuda.is_initialized():
+            raise RuntimeError(f"rank {rank} chạy gloo trên CPU nhưng đã khởi tạo CUDA "
+                               f"({NO_CUDA_VAR}=1): một hàm đã gọi torch.cuda hay đặt tensor lên "
+                               "GPU dù thiết bị của rank là CPU.")
+        payload = pickle.dumps(result)
         failed = False
     except BaseException as exc:  # noqa: BLE001
         # Report before tearing down the group: peers blocked in a collective fail right after,

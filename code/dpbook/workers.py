@@ -77,6 +77,15 @@ def abort_below_python(rank: int, world_size: int, bad_rank: int = 1) -> int:
     return rank
 
 
+def touch_cuda_as_a_bug_would(rank: int, world_size: int) -> int:
+    """Make this rank look as if it had initialised CUDA (``torch.cuda.is_initialized`` says so),
+    as a CPU rank that called ``torch.cuda`` would on a GPU box; for ``launch.NO_CUDA_VAR``."""
+    import torch
+
+    torch.cuda.is_initialized = lambda: True
+    return rank
+
+
 def child_pid(rank: int, world_size: int) -> int:
     import os
 
