@@ -15,7 +15,7 @@ import pytest
 from dpbook import memory, trace
 from dpbook.models import build_mlp
 from dpbook.widgets import fsdp, fsdp_frames
-from dpbook.widgets.svg import PALETTE
+from dpbook.style import PALETTE
 
 DEFAULT = "FULL_SHARD (mặc định PyTorch: root không reshard)"
 BLOCK_PARAMS = [16 * 32 + 32, 32 * 32 + 32, 32 * 32 + 32]

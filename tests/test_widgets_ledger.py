@@ -11,7 +11,7 @@ from dpbook import memory, shapes
 from dpbook.models import MLP, num_params
 from dpbook.widgets import ledger as L
 from dpbook.widgets import ledger_svg as S
-from dpbook.widgets.svg import PALETTE
+from dpbook.style import PALETTE
 
 GB = 1e9
 LLAMA_7B = 6_738_415_616

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .buckets import MIB, Param, cap_limits
+from .buckets import Param, cap_limits
 from .checks import int_at_least, non_negative
 from .costs import alpha_beta_time
 from .widgets.bucket_timeline import (DEFAULT_ALPHA, DEFAULT_BANDWIDTH, DEFAULT_WORLD_SIZE,
                                       Timeline, alpha_beta_timeline, compare_strategies)
-from .widgets.svg import PALETTE
+from .style import MIB, PALETTE
 
 
 def _check(world_size: int, alpha: float, bandwidth: float) -> None:

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-MIB = 1024 * 1024
+from .style import MIB
+
 DEFAULT_BUCKET_CAP_MB = 25  # torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB
 DEFAULT_FIRST_BUCKET_MB = 1  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / MiB
 SPARSE_LIMIT = 0  # what torch reports as the limit of a sparse gradient's own bucket

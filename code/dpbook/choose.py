@@ -23,10 +23,10 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field, replace
 
-from . import costs, memory
+from . import costs, memory, vi
 from .checks import int_at_least, non_negative, one_of
+from .style import GB
 
-GB = 1e9
 CANDIDATES = ("DDP", "FULL_SHARD", "HYBRID_SHARD")
 
 
@@ -99,7 +99,7 @@ class Recommendation:
 
 def _gb(nbytes: float, digits: int = 1) -> str:
     """Gigabytes written the Vietnamese way: decimal comma, space between thousands."""
-    return f"{nbytes / GB:,.{digits}f}".replace(",", " ").replace(".", ",")
+    return vi.number(nbytes / GB, digits, group=" ")
 
 
 def price(job: Job, strategy: str) -> Option:
@@ -262,7 +262,7 @@ def memory_figure(job: Job, world_sizes=(1, 2, 4, 8, 16, 32, 64)):
     """Bytes per GPU against the number of GPUs for DDP and FULL_SHARD, with the GPU's capacity."""
     import matplotlib.pyplot as plt
 
-    from .widgets.svg import PALETTE
+    from .style import PALETTE
 
     ys = {c: [price(replace(job, gpus_per_node=n, nodes=1), c).memory_bytes / GB
               for n in world_sizes] for c in ("DDP", "FULL_SHARD")}

@@ -19,12 +19,13 @@ import gc
 import statistics
 from dataclasses import dataclass
 
+from . import vi
 from .checks import int_at_least, one_of
 from .costs import StepVolume, ddp_step_bytes, fsdp_step_bytes
 from .memory import Ledger, vram_ledger
+from .style import EDGE, MB, series_colour
 from .train import Parallel
 
-MB = 1e6
 DEVICE_TYPES = ("cpu", "cuda")
 LAB_B = (Parallel("ddp"), Parallel("fsdp1", strategy="FULL_SHARD"), Parallel("fsdp2"))
 LAB_C = (Parallel("fsdp1", strategy="FULL_SHARD"), Parallel("fsdp1", strategy="SHARD_GRAD_OP"),
@@ -34,7 +35,6 @@ LAB_C = (Parallel("fsdp1", strategy="FULL_SHARD"), Parallel("fsdp1", strategy="S
 SHORT = {"DDP": "DDP", "FSDP1 FULL_SHARD": "FULL_SHARD", "FSDP1 SHARD_GRAD_OP": "SHARD_GRAD_OP",
          "FSDP1 NO_SHARD": "NO_SHARD", "FSDP1 HYBRID_SHARD": "HYBRID_SHARD (2)",
          "FSDP2 reshard_after_forward=None": "FSDP2"}
-COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9")  # Okabe-Ito
 
 
 @dataclass(frozen=True)
@@ -268,10 +268,11 @@ def comm_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def _bars(ax, names, values, ylabel, title, fmt="{:.2f}"):
-    bars = ax.bar(names, values, color=COLOURS[:len(names)], edgecolor="#333333")
+def _bars(ax, names, values, ylabel, title):
+    bars = ax.bar(names, values, color=[series_colour(i) for i in range(len(names))],
+                  edgecolor=EDGE)
     for b, v in zip(bars, values):
-        ax.text(b.get_x() + b.get_width() / 2, v, fmt.format(v).replace(".", ","),
+        ax.text(b.get_x() + b.get_width() / 2, v, vi.number(v, 2),
                 ha="center", va="bottom", fontsize=9)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -292,12 +293,12 @@ def figure_memory_throughput(rows: list[Row]):
         mine = {r.world_size: r for r in rows if r.short == name}
         xs = [k + (i - (len(labels) - 1) / 2) * width for k in range(len(sizes))]
         peaks = [mine[n].peak / MB for n in sizes]
-        ax_m.bar(xs, peaks, width, color=COLOURS[i], edgecolor="#333333", label=name)
+        ax_m.bar(xs, peaks, width, color=series_colour(i), edgecolor=EDGE, label=name)
         ax_m.scatter(xs, [mine[n].predicted.rest.state / MB for n in sizes], marker="_",
                      s=600, color="black", zorder=3,
                      label="sổ kế toán (trạng thái)" if i == 0 else None)
-        ax_t.bar(xs, [mine[n].throughput for n in sizes], width, color=COLOURS[i],
-                 edgecolor="#333333", label=name)
+        ax_t.bar(xs, [mine[n].throughput for n in sizes], width, color=series_colour(i),
+                 edgecolor=EDGE, label=name)
     for ax, ylabel, title in ((ax_m, "MB mỗi rank", "Bộ nhớ đỉnh mỗi rank"),
                               (ax_t, "mẫu/giây", "Thông lượng huấn luyện")):
         ax.set_xticks(range(len(sizes)), [f"N = {n}" for n in sizes])
@@ -325,9 +326,9 @@ def figure_strategies(rows: list[Row]):
              ("all_gather_backward", "AllGather ngược"),
              ("reduce_scatter", "ReduceScatter"), ("all_reduce", "AllReduce"))
     base = [0.0] * len(rows)
-    for (field, label), colour in zip(parts, COLOURS):
+    for i, (field, label) in enumerate(parts):
         vals = [getattr(r.volume, field) / MB for r in rows]
-        ax_c.bar(names, vals, bottom=base, color=colour, edgecolor="#333333", label=label)
+        ax_c.bar(names, vals, bottom=base, color=series_colour(i), edgecolor=EDGE, label=label)
         base = [b + v for b, v in zip(base, vals)]
     ax_c.set_ylabel("MB rank 0 gửi mỗi bước")
     ax_c.set_title("Giao tiếp mỗi bước")

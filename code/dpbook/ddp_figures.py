@@ -5,14 +5,15 @@
 * ``timeline_rows`` / ``collectives_figure``: the collectives one rank issued, in order, from
   DDP's construction through a few training steps, as bars of their size in bytes.
 
-Colours are the book's colour-blind-safe palette (``widgets.svg``); labels are Vietnamese.
+Colours are the book's colour-blind-safe palette (``dpbook.style``); labels are Vietnamese.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .widgets.svg import PALETTE, rank_colour
+from . import vi
+from .style import PALETTE, rank_colour
 
 COLLECTIVE_COLOURS = {"broadcast": PALETTE["blue"], "all_reduce": PALETTE["vermillion"],
                       "all_gather": PALETTE["green"]}
@@ -95,7 +96,7 @@ def collectives_figure(rows: list[Row]):
         spans[-1][2] = x + 0.8
         ax.bar(x, row.nbytes, width=0.8, align="edge",
                color=COLLECTIVE_COLOURS.get(row.collective, PALETTE["grey"]))
-        ax.text(x + 0.4, row.nbytes * 1.15, f"{row.nbytes:,}".replace(",", "."),
+        ax.text(x + 0.4, row.nbytes * 1.15, vi.grouped(row.nbytes),
                 ha="center", va="bottom", fontsize=8, rotation=90)
         x += 1.0
     for _, a, b in spans:

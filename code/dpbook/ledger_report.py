@@ -16,10 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .checks import int_at_least, one_of
+from . import style, vi
 from .memory import PRECISIONS, STRATEGIES, Ledger, vram_ledger
+from .style import GB
 
-GB = 1e9
-GPUS_GB = (24, 80, 141)  # RTX 3090/4090, A100/H100 80GB, H200
+# 4.1.7 compares three cards: the book's list without the A100 40GB.
+GPUS_GB = tuple(g for g in style.GPUS_GB if g != 40)
 ZERO_STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
 # (name shown, how to wrap, the ledger strategy it realises at rest)
 RUNS = (
@@ -148,21 +150,22 @@ def stacked_bars(ledgers: dict[str, Ledger], gpus_gb=GPUS_GB, title: str = ""):
     dashed line; Vietnamese labels. Returns the matplotlib ``Figure``."""
     import matplotlib.pyplot as plt
 
-    colours = ("#0072B2", "#E69F00", "#009E73", "#CC79A7")  # colour-blind-safe (Okabe-Ito)
     fig, ax = plt.subplots(figsize=(8, 4.8))
     names = list(ledgers)
     base = [0.0] * len(names)
-    for (field, label), colour in zip(KIND_LABELS, colours):
+    for i, (field, label) in enumerate(KIND_LABELS):
         values = [getattr(ledgers[n], field) / GB for n in names]
         if any(values):
-            ax.bar(names, values, bottom=base, color=colour, label=label, edgecolor="#333333")
+            ax.bar(names, values, bottom=base, color=style.series_colour(i), label=label,
+                   edgecolor=style.EDGE)
             base = [b + v for b, v in zip(base, values)]
     for i, total in enumerate(base):
-        ax.text(i, total + 1.5, f"{total:.1f} GB".replace(".", ","), ha="center",
+        ax.text(i, total + 1.5, f"{vi.number(total, 1)} GB", ha="center",
                 fontweight="bold")
     for g in gpus_gb:
-        ax.axhline(g, color="#D55E00", linestyle="--", linewidth=1.2)
-        ax.text(len(names) - 0.5, g + 1.5, f"GPU {g} GB", color="#D55E00", ha="right")
+        ax.axhline(g, color=style.PALETTE["vermillion"], linestyle="--", linewidth=1.2)
+        ax.text(len(names) - 0.5, g + 1.5, f"GPU {g} GB", color=style.PALETTE["vermillion"],
+                ha="right")
     ax.set_ylim(0, max(max(base), max(gpus_gb, default=0)) * 1.12)
     ax.set_ylabel("GB mỗi GPU")
     ax.set_title(title)

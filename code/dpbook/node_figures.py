@@ -8,7 +8,7 @@ Colours are the book's colour-blind-safe palette (``widgets.svg``); labels are V
 
 from __future__ import annotations
 
-from .widgets.svg import PALETTE, rank_colour
+from .style import PALETTE, rank_colour
 
 _W, _H, _GAP = 2.2, 1.1, 0.5  # a worker box, and the space between boxes (data units)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .. import vi
 from ..bucket_trace import DEFAULT_BATCH, DdpTrace
 from ..buckets import Bucket, Param, assign_buckets, cap_limits
 from ..checks import int_at_least, non_negative
@@ -115,9 +116,9 @@ def alpha_beta_timeline(params: Sequence[Param], limits: Sequence[int],
     comms = _serialise(buckets, ready, world_size, alpha, bandwidth)
     total_bytes = sum(p.nbytes for p in params)
     baseline = t + alpha_beta_time("all_reduce", total_bytes, world_size, alpha, bandwidth)
-    label = (f"Thời gian: mô hình alpha-beta (α = {vi_num(alpha * 1e6, 0)} µs, băng thông "
-             f"{vi_num(bandwidth / 1e9, 2)} GB/s, N = {world_size}; tính toán ∝ số tham số, "
-             f"{vi_num(flops / 1e9, 1)} GFLOP/s)")
+    label = (f"Thời gian: mô hình alpha-beta (α = {vi.number(alpha * 1e6, 0)} µs, băng thông "
+             f"{vi.number(bandwidth / 1e9, 2)} GB/s, N = {world_size}; tính toán ∝ số tham số, "
+             f"{vi.number(flops / 1e9, 1)} GFLOP/s)")
     return Timeline("alpha-beta", label, tuple(params), tuple(buckets), tuple(layers),
                     tuple(comms), tuple(ready), t, max(t, comms[-1].end), baseline,
                     (limits[0], limits[-1]))
@@ -171,8 +172,3 @@ def measured_timeline(tr: DdpTrace) -> Timeline:
     return Timeline("measured", label, params, buckets, tuple(layers), comms, tr.ready_s,
                     t, tr.backward_s, tr.baseline_s, (limits[0], limits[1]),
                     tr.baseline_compute_s)
-
-
-def vi_num(x: float, d: int) -> str:
-    """Vietnamese number: decimal comma."""
-    return f"{x:.{d}f}".replace(".", ",")

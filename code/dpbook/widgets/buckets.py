@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import vi
 from ..bucket_trace import CAP_CHOICES_MB, DEFAULT_BATCH
 from ..buckets import Param, cap_limits, model_params, ready_order
 from ..checks import non_negative, one_of
@@ -21,7 +22,6 @@ from ..models import BUCKET_NET_D_IN, build_bucket_net
 from .bucket_timeline import (DEFAULT_ALPHA, DEFAULT_BANDWIDTH, DEFAULT_WORLD_SIZE, LayerSpan,
                               Timeline, alpha_beta_timeline, compare_strategies,
                               measured_timeline)
-from .bucket_timeline import vi_num as _num
 from .player import Frame, Player
 
 FIRST_CAP_CHOICES_MB = (0.01, 0.02, 0.05, 0.1)
@@ -48,18 +48,18 @@ class StepFrame:
     final: bool
 
 
-_EPS = 1e-12
+EPS = 1e-12
 
 
 def bucket_status(tl: Timeline, now: float) -> tuple[tuple[int, ...], tuple[BucketStatus, ...]]:
     """Bytes ready and status of each bucket at ``now``."""
     filled, status = [], []
     for b, c in zip(tl.buckets, tl.comms):
-        f = sum(tl.params[i].nbytes for i in b.params if tl.param_ready[i] <= now + _EPS)
+        f = sum(tl.params[i].nbytes for i in b.params if tl.param_ready[i] <= now + EPS)
         filled.append(f)
-        if c.end <= now + _EPS:
+        if c.end <= now + EPS:
             status.append("done")
-        elif c.start <= now + _EPS:
+        elif c.start <= now + EPS:
             status.append("reducing")
         elif f == b.nbytes:
             status.append("waiting")
@@ -89,20 +89,20 @@ def _frame(tl, now, layer, caption, final=False) -> StepFrame:
 def _layer_caption(tl: Timeline, span: LayerSpan, prev: float) -> str:
     where = sorted({k for k, b in enumerate(tl.buckets) for i in b.params if i in span.params})
     kb = sum(tl.params[i].nbytes for i in span.params) / 1024
-    text = (f"t = {_ms(span.end)}: tầng {span.name} tính xong gradient ({len(span.params)} "
-            f"tensor tham số, {_num(kb, 1)} KiB) → vào bucket "
+    text = (f"t = {vi.ms(span.end)}: tầng {span.name} tính xong gradient ({len(span.params)} "
+            f"tensor tham số, {vi.number(kb, 1)} KiB) → vào bucket "
             f"{', '.join(f'B{k}' for k in where)}.")
-    full = [c for c in tl.comms if prev + _EPS < c.ready <= span.end + _EPS]
+    full = [c for c in tl.comms if prev + EPS < c.ready <= span.end + EPS]
     for c in full:
         if tl.source == "measured":
             text += (f" B{c.bucket} đủ gradient; DDP gọi comm hook (phát AllReduce) lúc "
-                     f"{_ms(c.start)}.")
-        elif c.start <= c.ready + _EPS:
+                     f"{vi.ms(c.start)}.")
+        elif c.start <= c.ready + EPS:
             text += f" B{c.bucket} đủ gradient: AllReduce bắt đầu ngay."
         else:
             text += (f" B{c.bucket} đủ gradient nhưng chờ AllReduce trước xong (bắt đầu lúc "
-                     f"{_ms(c.start)}).")
-    running = [c.bucket for c in tl.comms if c.start < span.end - _EPS < c.end - 2 * _EPS]
+                     f"{vi.ms(c.start)}).")
+    running = [c.bucket for c in tl.comms if c.start < span.end - EPS < c.end - 2 * EPS]
     if running and span is not tl.layers[-1]:
         text += (f" Trong lúc backward tiếp tục, AllReduce của "
                  f"{', '.join(f'B{k}' for k in running)} chạy song song (chồng lấp).")
@@ -111,15 +111,11 @@ def _layer_caption(tl: Timeline, span: LayerSpan, prev: float) -> str:
 
 def _final_caption(tl: Timeline) -> str:
     gain = tl.baseline_total - tl.total
-    return (f"Toàn bộ: backward tính xong lúc {_ms(tl.compute_end)}, cả bước (kể cả mọi "
-            f"AllReduce) xong lúc {_ms(tl.total)}. Không chồng lấp (một AllReduce sau backward): "
-            f"{_ms(tl.baseline_total)}. Chồng lấp "
-            + (f"tiết kiệm {_ms(gain)} ({_num(100 * gain / tl.baseline_total, 0)}%)."
-               if gain > 0 else f"không có lợi ở đây (chậm hơn {_ms(-gain)})."))
-
-
-def _ms(t: float) -> str:  # also used by the renderer
-    return f"{_num(t * 1e3, 2)} ms"
+    return (f"Toàn bộ: backward tính xong lúc {vi.ms(tl.compute_end)}, cả bước (kể cả mọi "
+            f"AllReduce) xong lúc {vi.ms(tl.total)}. Không chồng lấp (một AllReduce sau backward): "
+            f"{vi.ms(tl.baseline_total)}. Chồng lấp "
+            + (f"tiết kiệm {vi.ms(gain)} ({vi.number(100 * gain / tl.baseline_total, 0)}%)."
+               if gain > 0 else f"không có lợi ở đây (chậm hơn {vi.ms(-gain)})."))
 
 
 # --------------------------------------------------------------------------------------------
@@ -173,8 +169,8 @@ def controls(traces: dict | None = None):
     alpha-beta constants, N, presentation mode."""
     import ipywidgets as w
 
-    caps = [(f"{_num(c, 2)} MiB", c) for c in CAP_CHOICES_MB] + [("None (DDP: 25 MiB)", None)]
-    firsts = [("= bucket_cap_mb", None)] + [(f"{_num(c, 2)} MiB", c) for c in FIRST_CAP_CHOICES_MB]
+    caps = [(f"{vi.number(c, 2)} MiB", c) for c in CAP_CHOICES_MB] + [("None (DDP: 25 MiB)", None)]
+    firsts = [("= bucket_cap_mb", None)] + [(f"{vi.number(c, 2)} MiB", c) for c in FIRST_CAP_CHOICES_MB]
     ctl = {
         "bucket_cap_mb": w.Dropdown(options=caps, value=0.1, description="bucket_cap_mb"),
         "first_bucket_cap_mb": w.Dropdown(options=firsts, value=None, description="bucket đầu"),

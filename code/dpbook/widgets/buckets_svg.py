@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ..buckets import MIB
+from .. import vi
+from ..style import MIB
 from .bucket_timeline import CommSpan, Comparison, Timeline
-from .bucket_timeline import vi_num as _num
-from .buckets import _EPS, StepFrame, _ms
-from .svg import PALETTE, Svg
+from .buckets import EPS, StepFrame
+from ..style import PALETTE
+from .svg import Svg
 
 _BUCKET_COLOURS = ("sky", "orange", "green", "purple", "yellow", "vermillion", "blue")
 
@@ -37,7 +38,7 @@ def render_frame(fr: StepFrame) -> str:
     tl = fr.timeline
     s = Svg(W, H, "Bucket của DDP và chồng lấp giao tiếp với backward")
     cap, first = tl.caps[1] / MIB, tl.caps[0] / MIB
-    s.text(20, 26, f"DDP: bucket_cap_mb = {_num(cap, 2)} MiB, bucket đầu {_num(first, 2)} MiB",
+    s.text(20, 26, f"DDP: bucket_cap_mb = {vi.number(cap, 2)} MiB, bucket đầu {vi.number(first, 2)} MiB",
            cls="t-big", anchor="start", weight="bold")
     colour = PALETTE["sky"] if tl.source == "alpha-beta" else PALETTE["orange"]
     s.rect(14, 42, 972, 28, fill=colour, stroke=colour, opacity=0.25)
@@ -104,7 +105,7 @@ def _draw_timeline(s: Svg, fr: StepFrame) -> None:
     s.text(15, Y_BASE + 33, "chồng lấp", cls="t", anchor="start", weight="bold", fill=base_ink)
     owner = {i: k for k, b in enumerate(tl.buckets) for i in b.params}
     for span in tl.layers:
-        _draw_layer(s, span, scale, owner, tl, done=span.end <= fr.now + _EPS)
+        _draw_layer(s, span, scale, owner, tl, done=span.end <= fr.now + EPS)
     rows, h = _comm_rows(tl)
     for k, c in enumerate(tl.comms):
         _draw_comm(s, c, scale, fr.now, Y_COMM + (k % rows) * h, h * 0.9 if rows > 1 else h)
@@ -113,7 +114,7 @@ def _draw_timeline(s: Svg, fr: StepFrame) -> None:
     _draw_axis(s, tl, scale)
     x = scale(fr.now)
     s.line(x, Y_COMP - 16, x, Y_AXIS, stroke=PALETTE["black"], dash="6 4")
-    label = f"t = {_ms(fr.now)}"
+    label = f"t = {vi.ms(fr.now)}"
     s.text(min(max(x, X0 + 60), X1 - 60), Y_COMP - 26, label, cls="t-small", weight="bold")
 
 
@@ -135,13 +136,13 @@ def _draw_layer(s, span, scale, owner, tl, done) -> None:
 
 def _draw_comm(s, c: CommSpan, scale, now: float, y: float, h: float) -> None:
     col = bucket_colour(c.bucket)
-    if c.ready <= now + _EPS:  # the bucket's last gradient has arrived
+    if c.ready <= now + EPS:  # the bucket's last gradient has arrived
         xr = scale(c.ready)
         s.raw(f'<polygon points="{xr - 7:.1f},{Y_COMM - 14:.1f} {xr + 7:.1f},{Y_COMM - 14:.1f} '
               f'{xr:.1f},{Y_COMM - 2:.1f}" fill="{col}" stroke="#333333" stroke-width="1"/>')
-        if c.start > c.ready + _EPS:  # waiting for the link (model) or for the reducer (run)
+        if c.start > c.ready + EPS:  # waiting for the link (model) or for the reducer (run)
             s.line(xr, y + h / 2, scale(min(c.start, now)), y + h / 2, stroke=col, dash="3 3")
-    if c.start > now + _EPS:
+    if c.start > now + EPS:
         return
     x, xe, xn = scale(c.start), scale(c.end), scale(min(c.end, now))
     s.rect(x, y, max(1.5, xe - x), h, fill="#FFFFFF", stroke=col, rx=2)
@@ -183,7 +184,7 @@ def _draw_axis(s, tl: Timeline, scale) -> None:
     while t <= span * 1.0001:
         x = scale(t)
         s.line(x, Y_AXIS, x, Y_AXIS + 6)
-        s.text(x, Y_AXIS + 20, _num(t * 1e3, _decimals(step * 1e3)), cls="t-small")
+        s.text(x, Y_AXIS + 20, vi.number(t * 1e3, _decimals(step * 1e3)), cls="t-small")
         t += step
     s.text((X0 + X1) / 2, Y_AXIS + 44, "thời gian từ lúc bắt đầu backward (ms)", cls="t-small")
 
@@ -197,12 +198,12 @@ def _draw_summary(s, fr: StepFrame) -> None:
                cls="t", anchor="start")
         return
     gain = tl.baseline_total - tl.total
-    s.text(20, y, f"Có chồng lấp: {_ms(tl.total)}", cls="t", anchor="start", weight="bold",
+    s.text(20, y, f"Có chồng lấp: {vi.ms(tl.total)}", cls="t", anchor="start", weight="bold",
            fill=PALETTE["green"])
-    s.text(330, y, f"Không chồng lấp: {_ms(tl.baseline_total)}", cls="t", anchor="start",
+    s.text(330, y, f"Không chồng lấp: {vi.ms(tl.baseline_total)}", cls="t", anchor="start",
            weight="bold", fill=PALETTE["vermillion"])
     word = "Nhanh hơn" if gain >= 0 else "Chậm hơn"
-    s.text(680, y, f"{word}: {_ms(abs(gain))} ({_num(100 * abs(gain) / tl.baseline_total, 0)}%)",
+    s.text(680, y, f"{word}: {vi.ms(abs(gain))} ({vi.number(100 * abs(gain) / tl.baseline_total, 0)}%)",
            cls="t", anchor="start", weight="bold")
 
 
@@ -225,7 +226,7 @@ def _decimals(step_ms: float) -> int:
 
 
 def _kib(n: int) -> str:
-    return f"{_num(n / 1024, 1)} KiB"
+    return f"{vi.number(n / 1024, 1)} KiB"
 
 
 def comparison_svg(c: Comparison) -> str:
@@ -235,7 +236,7 @@ def comparison_svg(c: Comparison) -> str:
            weight="bold")
     s.text(20, 56, c.label, cls="t-small", anchor="start")
     rows = ((f"Mỗi tham số một AllReduce ({c.n_per_param} lần)", c.per_param, PALETTE["purple"]),
-            (f"Bucket {_num(c.cap / MIB, 2)} MiB ({c.n_buckets} lần)", c.buckets,
+            (f"Bucket {vi.number(c.cap / MIB, 2)} MiB ({c.n_buckets} lần)", c.buckets,
              PALETTE["green"]),
             ("Một AllReduce sau backward", c.no_overlap, PALETTE["vermillion"]))
     end = max(r[1] for r in rows) * 1.2
@@ -244,5 +245,5 @@ def comparison_svg(c: Comparison) -> str:
         s.text(20, y + 18, text, cls="t", anchor="start")
         w = 520 * t / end
         s.rect(440, y, w, 36, fill=col, stroke=col, rx=2)
-        s.text(440 + w + 8, y + 18, _ms(t), cls="t", anchor="start", weight="bold")
+        s.text(440 + w + 8, y + 18, vi.ms(t), cls="t", anchor="start", weight="bold")
     return s.render()

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import vi
 from ..checks import int_at_least, non_negative
 from ..costs import naive_all_reduce_bytes, ring_bytes
-from .ledger import human
 from .player import Frame, Player
 
 HOST = -1  # the CPU's memory, as a transfer endpoint
@@ -148,7 +148,7 @@ def iteration_steps(world_size: int = 4, *, model_bytes: float = RESNET50_BYTES,
         "đọc phần dữ liệu riêng và chép thẳng lên GPU của nó.")]
     steps.append(Step(
         "Sao chép mô hình",
-        dp.side(f"GPU 0 gửi bản sao mô hình ({human(m)}) cho từng GPU, mọi vòng lặp",
+        dp.side(f"GPU 0 gửi bản sao mô hình ({vi.nbytes(m)}) cho từng GPU, mọi vòng lặp",
                 ["gửi"] + ["nhận"] * (n - 1), ["comm"] * n,
                 [Transfer(0, k, m, "bản sao mô hình") for k in others]),
         ddp.side("Không cần: mỗi process đã có bản sao từ lúc tạo DDP", ["—"] * n,
@@ -224,7 +224,7 @@ def _backward_steps(dp: _Tally, ddp: _Tally, n: int, m: float, o: float, b: int)
                "DDP: chỉ một bucket, AllReduce phải chờ backward xong.")))
     steps.append(Step(
         "Cộng gradient",
-        dp.side(f"Các GPU gửi gradient ({human(m)}) về GPU 0 để cộng (reduce)",
+        dp.side(f"Các GPU gửi gradient ({vi.nbytes(m)}) về GPU 0 để cộng (reduce)",
                 ["cộng"] + ["gửi"] * (n - 1), ["comm"] * n,
                 [Transfer(j, 0, m, "gradient") for j in range(1, n)]),
         ddp.side(f"AllReduce bucket {b}: phần duy nhất không được backward che", ["AllReduce"] * n,
@@ -244,7 +244,7 @@ def dp_vs_ddp_player(world_size: int = 4, *, presentation: bool = False, **sizes
     steps = iteration_steps(world_size, **sizes)
     top = max(max(s.dp.traffic + s.ddp.traffic) for s in steps)
     frames = [Frame(render(s, i, len(steps), top), f"{s.phase}. {s.caption} Qua GPU 0 đến giờ: "
-                    f"DP {human(s.dp.traffic[0])}, DDP {human(s.ddp.traffic[0])}.")
+                    f"DP {vi.nbytes(s.dp.traffic[0])}, DDP {vi.nbytes(s.ddp.traffic[0])}.")
               for i, s in enumerate(steps)]
     return Player(frames, title=f"DP và DDP: một vòng lặp trên {world_size} GPU",
                   presentation=presentation, interval_ms=2200)

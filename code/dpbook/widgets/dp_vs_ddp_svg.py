@@ -8,8 +8,9 @@ from __future__ import annotations
 import html
 
 from .dp_vs_ddp import HOST, STATES, Side, Step, Transfer
-from .ledger import human
-from .svg import PALETTE, Svg
+from .. import vi
+from ..style import PALETTE
+from .svg import Svg
 
 W, PANEL_H, ROW_X0, ROW_X1, GAP = 1000, 280, 108, 735, 8
 STATE_FILL = {"compute": "green", "comm": "sky", "idle": "light"}
@@ -100,12 +101,12 @@ def _transfers(svg: Svg, py: float, transfers, n: int) -> None:
         if len(ts) == 1 and ts[0].src == HOST and ts[0].dst == 0:
             svg.arrow(91, py + 160, ROW_X0 - 1, py + 160, colour=PALETTE["black"], head=9)
             svg.text(54, py + 192, what, cls="t-small", weight="bold")
-            svg.text(54, py + 211, human(ts[0].nbytes), cls="t-small")
+            svg.text(54, py + 211, vi.nbytes(ts[0].nbytes), cls="t-small")
             continue
         srcs, dsts = {t.src for t in ts}, {t.dst for t in ts}
-        label = f"{what}: " + (f"mỗi GPU gửi {human(ts[0].nbytes)} cho GPU kế tiếp (vòng)"
+        label = f"{what}: " + (f"mỗi GPU gửi {vi.nbytes(ts[0].nbytes)} cho GPU kế tiếp (vòng)"
                                if len(srcs) == len(ts) == n and len(dsts) == n else
-                               f"{human(ts[0].nbytes)}" + (" mỗi GPU" if len(ts) > 1 else ""))
+                               f"{vi.nbytes(ts[0].nbytes)}" + (" mỗi GPU" if len(ts) > 1 else ""))
         if len(srcs) == 1 or len(dsts) == 1:
             ends = [centre(k) for k in srcs | dsts]
             svg.line(min(ends), rail, max(ends), rail, stroke=PALETTE["blue"], cls="stroke arrow")
@@ -151,5 +152,5 @@ def _traffic(svg: Svg, py: float, traffic, top: float) -> None:
         if value:
             svg.rect(800, y + 0.15 * row, 108 * value / top, 0.7 * row,
                      fill=PALETTE["orange" if k == 0 else "sky"], stroke="#333333", rx=2)
-        svg.text(913, y + row / 2, human(value) if value else "0", cls="t-small", anchor="start")
+        svg.text(913, y + row / 2, vi.nbytes(value) if value else "0", cls="t-small", anchor="start")
 

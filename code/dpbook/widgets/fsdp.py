@@ -12,9 +12,10 @@ import itertools
 
 from ..checks import one_of
 from ..trace import STRATEGIES, Trace, TraceEvent, record_trace
-from .fsdp_frames import LifecycleFrame, UnitView, _kb, fmt_bytes, lifecycle_frames
+from .fsdp_frames import LifecycleFrame, UnitView, fmt_bytes, kb, lifecycle_frames
 from .player import Frame, Player
-from .svg import PALETTE, Svg, rank_colour
+from ..style import PALETTE, rank_colour
+from .svg import Svg
 
 # ---------------------------------------------------------------- drawing
 _PHASES = {"rest": "Nghỉ", "forward": "Lượt xuôi", "backward": "Lượt ngược",
@@ -185,7 +186,7 @@ def _memory_panel(svg: Svg, trace: Trace, frames, i: int, rows: int) -> None:
             if h > 0:
                 svg.rect(x, y - h, bw, h, fill=PALETTE[colour], stroke="#333333", rx=0)
                 y -= h
-        svg.text(x + bw / 2, y - 10, _kb(view.memory.total), cls="t-small", weight="bold")
+        svg.text(x + bw / 2, y - 10, kb(view.memory.total), cls="t-small", weight="bold")
         svg.text(x + bw / 2, bottom + 13, f"rank {r}", cls="t-small")
         for level, dash in ((frames[0].ranks[r].memory.total, "6 4"),
                             (max(g.ranks[r].memory.total for g in frames), "2 3")):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import memory
+from .. import memory, vi
 from ..trace import Trace, TraceEvent
 
 ACTIVITIES = (None, "all_gather", "forward", "backward", "reduce_scatter", "all_reduce", "free",
@@ -203,13 +203,14 @@ def _lasting(views: list[RankView]) -> tuple:
 
 
 def fmt_bytes(b: float) -> str:
-    """``22304`` -> ``"22 304 B"`` (a space groups thousands, as in the book's prose)."""
-    return f"{b:,.0f} B".replace(",", " ")
+    """``22304`` -> ``"22 304 B"``: a plain space groups thousands, since the renderer sizes
+    text by its characters."""
+    return vi.grouped(b, " ") + " B"
 
 
-def _kb(b: float) -> str:
+def kb(b: float) -> str:
     """Bytes in kB with a decimal comma, without the unit (the panel's heading names it)."""
-    return f"{b / 1000:.1f}".replace(".", ",")
+    return vi.number(b / 1000, 1)
 
 
 def _why_kept(trace: Trace) -> str:

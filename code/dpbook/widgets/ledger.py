@@ -22,10 +22,10 @@ from dataclasses import dataclass, replace
 from ..checks import int_at_least, non_negative, one_of
 from ..memory import OPTIMIZERS, PHASES, PRECISIONS, STRATEGIES, Ledger, vram_ledger
 from ..shapes import presets
+from .. import vi
+from ..style import GB, GPUS_GB
 from .player import Frame, Player
 
-GB = 1e9
-GPUS_GB = (24, 40, 80, 141)  # RTX 3090/4090, A100 40GB, A100/H100 80GB, H200
 WORLD_SIZES = (1, 2, 4, 8, 16, 64)
 DEFAULT_STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
 # What each strategy shards, as the second line under its bar.
@@ -63,15 +63,15 @@ def fits(total_bytes: float, gpus_gb=GPUS_GB) -> tuple[bool, ...]:
 
 def verdict(bar: Bar, gpus_gb=GPUS_GB) -> str:
     """One Vietnamese clause: how much the bar needs and the smallest GPU it fits on."""
-    need = f"{bar.label} cần {human(bar.ledger.total)}/rank"
+    need = f"{bar.label} cần {vi.nbytes(bar.ledger.total)}/rank"
     ok = [g for g, f in zip(gpus_gb, bar.fits) if f]
     if not ok:
         return f"{need}, không vừa GPU nào"
     if len(ok) == len(gpus_gb):
         return f"{need}, vừa mọi GPU"
     if len(ok) == 1:
-        return f"{need}, chỉ vừa GPU {_num(ok[0])} GB"
-    return f"{need}, vừa GPU từ {_num(min(ok))} GB trở lên"
+        return f"{need}, chỉ vừa GPU {vi.short(ok[0])} GB"
+    return f"{need}, vừa GPU từ {vi.short(min(ok))} GB trở lên"
 
 
 def _grouped(bars, gpus_gb) -> str:
@@ -81,28 +81,6 @@ def _grouped(bars, gpus_gb) -> str:
         groups.setdefault(b.ledger.total, []).append(b)
     return "; ".join(verdict(replace(g[0], label=", ".join(b.label for b in g)), gpus_gb)
                      for g in groups.values())
-
-
-def human(nbytes: float) -> str:
-    """Bytes with a decimal unit and a Vietnamese decimal comma: ``107,8 GB``."""
-    for unit, scale in (("GB", GB), ("MB", 1e6), ("KB", 1e3)):
-        if nbytes >= scale:
-            return f"{_num(nbytes / scale)} {unit}"
-    return f"{_num(nbytes)} B"
-
-
-def _num(x: float) -> str:
-    text = f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
-    if "." in text:
-        text = text.rstrip("0").rstrip(".")
-    return text.replace(".", ",")
-
-
-def _count(n: int) -> str:
-    """A parameter count in Vietnamese words: ``6,74 tỷ``, ``124 triệu``."""
-    if n >= 1e9:
-        return f"{_num(n / 1e9)} tỷ"
-    return f"{_num(n / 1e6)} triệu" if n >= 1e6 else str(n)
 
 
 # ---------------------------------------------------------------- the frame model (data only)
@@ -124,7 +102,7 @@ def ledger_frames(preset: str = "llama-7b", *, world_sizes=WORLD_SIZES,
     frames = []
     for n in world_sizes:
         bars = tuple(_bar(p.num_params, n, s, shard_size, tuple(gpus_gb), kw) for s in strategies)
-        title = (f"{p.label} · {_count(p.num_params)} tham số · N = {n} GPU · {precision} · "
+        title = (f"{p.label} · {vi.count(p.num_params)} tham số · N = {n} GPU · {precision} · "
                  f"{optimizer} · {phase}")
         head = "N = 1: một GPU, mọi chiến lược như nhau. " if n == 1 else f"N = {n}: "
         caption = head + _grouped(bars, gpus_gb) + "."

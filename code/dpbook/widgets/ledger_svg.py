@@ -8,8 +8,11 @@ shrink as the world grows. This module only draws; every number comes from the f
 
 from __future__ import annotations
 
-from .ledger import GB, Bar, LedgerFrame, _num, human
-from .svg import PALETTE, Svg
+from .. import vi
+from ..style import GB, KB, MB
+from .ledger import Bar, LedgerFrame
+from ..style import PALETTE
+from .svg import Svg
 
 # The kinds of bytes, bottom to top in a bar: (Ledger field, legend label, palette colour).
 KINDS = (("params", "tham số", "blue"), ("grads", "gradient", "orange"),
@@ -68,7 +71,7 @@ def _legend(svg: Svg, activations: bool) -> None:
 
 
 def _axis(svg: Svg, top: float) -> None:
-    unit, scale = next((u, s) for u, s in (("GB", GB), ("MB", 1e6), ("KB", 1e3), ("B", 1))
+    unit, scale = next((u, s) for u, s in (("GB", GB), ("MB", MB), ("KB", KB), ("B", 1))
                        if top >= 2 * s or s == 1)
     svg.text(8, PLOT_Y0 - 18, f"{unit} mỗi rank", cls="t-small", anchor="start")
     svg.line(PLOT_X0, PLOT_Y0, PLOT_X0, PLOT_Y1)
@@ -76,7 +79,7 @@ def _axis(svg: Svg, top: float) -> None:
     for k in range(5):
         v = top * k / 4
         svg.line(PLOT_X0 - 5, _y(v, top), PLOT_X0, _y(v, top))
-        svg.text(PLOT_X0 - 10, _y(v, top), _num(v / scale), cls="t-small", anchor="end")
+        svg.text(PLOT_X0 - 10, _y(v, top), vi.short(v / scale), cls="t-small", anchor="end")
 
 
 def _draw_bar(svg: Svg, bar: Bar, cx: float, width: float, top: float) -> None:
@@ -94,7 +97,7 @@ def _draw_bar(svg: Svg, bar: Bar, cx: float, width: float, top: float) -> None:
         svg.rect(cx - width / 2 - 2, y, width + 4, 9, fill="#FFFFFF", stroke="#FFFFFF", rx=0)
         svg.line(cx - width / 2, y, cx + width / 2, y - 5)
         svg.line(cx - width / 2, y + 14, cx + width / 2, y + 9)
-    label = ("↑ " if clipped else "") + human(bar.ledger.total)
+    label = ("↑ " if clipped else "") + vi.nbytes(bar.ledger.total)
     svg.text(cx, _y(bar.ledger.total, top) - 12, label, cls="t-small", weight="bold")
 
 
@@ -142,7 +145,7 @@ def _gpu_lines(svg: Svg, gpus_gb, top: float) -> None:
         if g * GB <= top:
             y = _y(g * GB, top)
             svg.line(PLOT_X0, y, PLOT_X1, y, stroke=PALETTE["vermillion"], dash="8 5")
-            svg.text(PLOT_X1 + 6, y, f"{_num(g)} GB", cls="t-small", anchor="start",
+            svg.text(PLOT_X1 + 6, y, f"{vi.short(g)} GB", cls="t-small", anchor="start",
                      fill=PALETTE["vermillion"])
 
 
@@ -152,7 +155,7 @@ def _fit_table(svg: Svg, frame: LedgerFrame, slot: float, y0: float) -> None:
         svg.text(8, y0 - 22, "Vừa GPU?", cls="t-small", anchor="start", weight="bold")
     for r, g in enumerate(frame.gpus_gb):
         y = y0 + 30 * r
-        svg.text(PLOT_X0 - 10, y, f"{_num(g)} GB", cls="t-small", anchor="end")
+        svg.text(PLOT_X0 - 10, y, f"{vi.short(g)} GB", cls="t-small", anchor="end")
         for i, bar in enumerate(frame.bars):
             ok = bar.fits[r]
             colour = PALETTE["green" if ok else "vermillion"]

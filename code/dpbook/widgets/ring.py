@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import collectives, costs
+from .. import collectives, costs, vi
 from ..checks import int_at_least, non_negative
-from .ledger import human
 from .player import Frame, Player
-from .svg import PALETTE, Svg
+from ..style import PALETTE
+from .svg import Svg
 
 MAX_RANKS = 8
 
@@ -80,7 +80,7 @@ def ring_frames(world_size: int = 4, nbytes: float = 100e6) -> list[RingFrame]:
 def caption(f: RingFrame) -> str:
     n = f.world_size
     if f.phase == "start":
-        return (f"Ban đầu: mỗi rank chia bộ đệm {human(f.nbytes)} thành {n} mảnh; rank r giữ "
+        return (f"Ban đầu: mỗi rank chia bộ đệm {vi.nbytes(f.nbytes)} thành {n} mảnh; rank r giữ "
                 f"giá trị (r+1)(c+1) ở mảnh c. Chưa byte nào được gửi.")
     if f.phase == "reduce-scatter":
         text = (f"Reduce-scatter, bước {f.phase_step}/{n - 1}: rank r gửi mảnh (r − {f.phase_step - 1})"
@@ -92,7 +92,7 @@ def caption(f: RingFrame) -> str:
             f"rank r+1, rank nhận ghi đè bản cũ.")
     if f.phase_step == n - 1:
         text += (f" Xong: mọi rank có đủ tổng; mỗi rank đã gửi 2({n}−1)/{n} × "
-                 f"{human(f.nbytes)} = {human(f.sent[0])} và nhận bấy nhiêu.")
+                 f"{vi.nbytes(f.nbytes)} = {vi.nbytes(f.sent[0])} và nhận bấy nhiêu.")
     return text
 
 
@@ -172,11 +172,11 @@ def _counters(svg, f: RingFrame, x, y) -> None:
         svg.text(x + 50, yy + row * 0.3, f"r{r}", cls="t-small", anchor="end")
     yy = y + 25 + n * row
     svg.text(x, yy, "Ring, mỗi rank gửi tổng cộng", cls="t-small", anchor="start")
-    svg.text(x, yy + 22, f"2(N−1)/N · S = {human(ring_total)}", cls="t-small",
+    svg.text(x, yy + 22, f"2(N−1)/N · S = {vi.nbytes(ring_total)}", cls="t-small",
              anchor="start", weight="bold")
     svg.rect(x + 60, yy + 36, ring_total * scale, 14, fill=PALETTE["orange"])
     svg.text(x, yy + 72, "Ngây thơ (gom về rank 0 rồi gửi trả):", cls="t-small", anchor="start")
-    svg.text(x, yy + 94, f"rank 0 gửi (N−1) · S = {human(naive)}", cls="t-small",
+    svg.text(x, yy + 94, f"rank 0 gửi (N−1) · S = {vi.nbytes(naive)}", cls="t-small",
              anchor="start", weight="bold")
     svg.rect(x + 60, yy + 108, naive * scale, 14, fill=PALETTE["blue"])
 

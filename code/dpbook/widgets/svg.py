@@ -11,26 +11,6 @@ from __future__ import annotations
 import html
 import math
 
-# Okabe & Ito's palette, distinguishable with the common colour-vision deficiencies.
-PALETTE = {
-    "orange": "#E69F00",
-    "sky": "#56B4E9",
-    "green": "#009E73",
-    "yellow": "#F0E442",
-    "blue": "#0072B2",
-    "vermillion": "#D55E00",
-    "purple": "#CC79A7",
-    "black": "#000000",
-    "grey": "#999999",
-    "light": "#EEEEEE",
-}
-RANK_COLOURS = ["orange", "sky", "green", "purple", "blue", "vermillion", "yellow", "grey"]
-
-
-def rank_colour(rank: int) -> str:
-    return PALETTE[RANK_COLOURS[rank % len(RANK_COLOURS)]]
-
-
 class Svg:
     """Collects elements; ``render()`` returns one ``<svg>`` element scaled by its viewBox."""
 

@@ -1,0 +1,53 @@
+"""How a number looks to a Vietnamese reader: one formatter for the whole package.
+
+The rules are those of ``notes/thuat-ngu.md`` ("Numbers and units"): a decimal comma
+(``1,5``), thousands grouped by a space (never ``6,738,415,616``, which reads as a decimal, and
+never ``2.788``), decimal units (``GB`` = 10⁹ B) unless the unit says ``GiB``/``MiB``/``KiB``.
+``number`` does the work; the other functions are the shapes the pages and widgets use.
+"""
+
+from __future__ import annotations
+
+from .style import GB, KB, MB
+
+NARROW_NBSP = "\u202f"  # the thousands separator of the book's prose and printed outputs
+
+
+def number(x: float, decimals: int = 0, *, trim: bool = False, group: str = "") -> str:
+    """``x`` with ``decimals`` digits after a decimal comma; ``trim`` drops trailing zeros (and
+    the comma); ``group`` separates thousands (``NARROW_NBSP`` in prose, a plain space where a
+    renderer measures text by characters)."""
+    text = f"{x:,.{decimals}f}" if group else f"{x:.{decimals}f}"
+    if trim and "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text.replace(",", "\0").replace(".", ",").replace("\0", group)
+
+
+def short(x: float) -> str:
+    """Three significant digits at most, zeros trimmed: ``107,8``, ``6,74``, ``124``."""
+    return number(x, 0 if x >= 100 else 1 if x >= 10 else 2, trim=True)
+
+
+def nbytes(n: float) -> str:
+    """Bytes with the largest decimal unit that fits: ``107,8 GB``, ``3,2 MB``, ``512 B``."""
+    for unit, scale in (("GB", GB), ("MB", MB), ("KB", KB)):
+        if n >= scale:
+            return f"{short(n / scale)} {unit}"
+    return f"{short(n)} B"
+
+
+def count(n: int) -> str:
+    """A parameter count in Vietnamese words: ``6,74 tỷ``, ``124 triệu``."""
+    if n >= 1e9:
+        return f"{short(n / 1e9)} tỷ"
+    return f"{short(n / 1e6)} triệu" if n >= 1e6 else str(n)
+
+
+def grouped(n: float, sep: str = NARROW_NBSP) -> str:
+    """An integer with its thousands grouped: ``22 304``."""
+    return number(n, 0, group=sep)
+
+
+def ms(seconds: float, decimals: int = 2) -> str:
+    """A duration in milliseconds: ``1,25 ms``."""
+    return f"{number(seconds * 1e3, decimals)} ms"
