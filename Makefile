@@ -53,7 +53,7 @@ bench-launch: $(STAMP)
 	$(BIN)/python benchmarks/gloo_init_race.py
 
 gpu-check: $(STAMP)
-	$(BIN)/python -m dpbook.gpu_check
+	$(BIN)/python -m dpbook.tools.gpu_check
 
 clean:
 	rm -rf _build .pytest_cache

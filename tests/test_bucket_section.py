@@ -1,4 +1,4 @@
-"""Section 4.1.4 (buckets and overlap): the alpha-beta argument in ``dpbook.bucket_analysis`` and
+"""Section 4.1.4 (buckets and overlap): the alpha-beta argument in ``dpbook.pages.bucket_overlap`` and
 gradient accumulation with ``no_sync`` in ``dpbook.accumulation``."""
 
 import matplotlib
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dpbook import accumulation as A
-from dpbook import bucket_analysis as BX
+from dpbook.pages import bucket_overlap as BX
 from dpbook import buckets as BA
 from dpbook import costs, launch
 from dpbook.averaging import flat_grad, loss_fn

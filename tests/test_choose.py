@@ -1,26 +1,27 @@
-"""Section 4.1.8 (choosing DDP or FSDP): ``dpbook.choose``."""
+"""Section 4.1.8 (choosing DDP or FSDP): ``dpbook.pages.ddp_or_fsdp``."""
 
 import pytest
-from dpbook import choose, costs, launch, memory, shapes
+from dpbook.pages import ddp_or_fsdp
+from dpbook import costs, launch, memory, shapes
 
 GB = 1e9
 
 
 def _llm(key, nodes, gpu_gb=80.0, act=20.0):
     p = shapes.presets()[key]
-    return choose.Job(p.num_params, gpu_gb, 8, nodes, activation_gb=act,
+    return ddp_or_fsdp.Job(p.num_params, gpu_gb, 8, nodes, activation_gb=act,
                       largest_unit_params=p.largest_unit, name=key)
 
 
 def test_resnet50_parameter_count_is_torchvisions():
-    assert choose.resnet50_num_params() == 25_557_032
+    assert ddp_or_fsdp.resnet50_num_params() == 25_557_032
     # the head is 2048 x classes weights plus classes biases
-    assert choose.resnet50_num_params(1000) - choose.resnet50_num_params(10) == 2049 * 990
+    assert ddp_or_fsdp.resnet50_num_params(1000) - ddp_or_fsdp.resnet50_num_params(10) == 2049 * 990
 
 
 def test_small_model_gets_ddp():
-    job = choose.Job(choose.resnet50_num_params(), 40, 8, 1, "fp32", "sgd_momentum", 20)
-    rec = choose.recommend(job)
+    job = ddp_or_fsdp.Job(ddp_or_fsdp.resnet50_num_params(), 40, 8, 1, "fp32", "sgd_momentum", 20)
+    rec = ddp_or_fsdp.recommend(job)
     assert rec.choice == "DDP" and set(rec.options) == {"DDP", "FULL_SHARD"}
     assert rec.options["DDP"].memory_bytes == 12 * job.num_params + 20 * GB
     assert rec.options["FULL_SHARD"].sent_bytes == 1.5 * rec.options["DDP"].sent_bytes
@@ -28,7 +29,7 @@ def test_small_model_gets_ddp():
 
 
 def test_7b_on_one_node_gets_full_shard():
-    rec = choose.recommend(_llm("llama-7b", 1))
+    rec = ddp_or_fsdp.recommend(_llm("llama-7b", 1))
     assert rec.choice == "FULL_SHARD"
     p = rec.job.num_params
     assert rec.options["DDP"].memory_bytes == 16 * p + 20 * GB and not rec.options["DDP"].fits
@@ -40,7 +41,7 @@ def test_7b_on_one_node_gets_full_shard():
 
 
 def test_7b_on_four_nodes_gets_hybrid_shard_and_less_internode_traffic():
-    rec = choose.recommend(_llm("llama-7b", 4))
+    rec = ddp_or_fsdp.recommend(_llm("llama-7b", 4))
     assert rec.choice == "HYBRID_SHARD"
     psi = 2 * rec.job.num_params
     hyb, full = rec.options["HYBRID_SHARD"], rec.options["FULL_SHARD"]
@@ -50,18 +51,18 @@ def test_7b_on_four_nodes_gets_hybrid_shard_and_less_internode_traffic():
 
 
 def test_70b_on_four_nodes_needs_full_shard_and_on_one_node_nothing_fits():
-    rec = choose.recommend(_llm("llama-70b", 4))
+    rec = ddp_or_fsdp.recommend(_llm("llama-70b", 4))
     assert rec.choice == "FULL_SHARD"
     assert not rec.options["HYBRID_SHARD"].fits and rec.options["FULL_SHARD"].fits
-    none = choose.recommend(_llm("llama-70b", 1))
+    none = ddp_or_fsdp.recommend(_llm("llama-70b", 1))
     assert none.choice is None and "thêm GPU" in none.reason
 
 
 def test_headroom_and_activations_decide_the_edge():
     p = 10**9  # 16 GB of Adam state
-    assert choose.recommend(choose.Job(p, 20, 8, 1, headroom=0.1)).choice == "DDP"  # 16 <= 18
-    assert choose.recommend(choose.Job(p, 20, 8, 1, headroom=0.25)).choice == "FULL_SHARD"
-    assert choose.recommend(choose.Job(p, 20, 8, 1, activation_gb=3)).choice == "FULL_SHARD"
+    assert ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, 20, 8, 1, headroom=0.1)).choice == "DDP"  # 16 <= 18
+    assert ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, 20, 8, 1, headroom=0.25)).choice == "FULL_SHARD"
+    assert ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, 20, 8, 1, activation_gb=3)).choice == "FULL_SHARD"
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -79,27 +80,27 @@ def test_headroom_and_activations_decide_the_edge():
 def test_job_rejects_bad_values_in_vietnamese(kwargs, match):
     base = {"num_params": 10**9, "gpu_memory_gb": 80}
     with pytest.raises(ValueError, match=match) as err:
-        choose.Job(**(base | kwargs))
+        ddp_or_fsdp.Job(**(base | kwargs))
     assert any(w in str(err.value) for w in ("phải", "không hợp lệ"))
 
 
 def test_price_rejects_hybrid_on_one_node_and_unknown_strategies():
-    job = choose.Job(10**9, 80)
+    job = ddp_or_fsdp.Job(10**9, 80)
     with pytest.raises(ValueError, match="HYBRID_SHARD cần ít nhất 2 node"):
-        choose.price(job, "HYBRID_SHARD")
+        ddp_or_fsdp.price(job, "HYBRID_SHARD")
     with pytest.raises(ValueError, match="strategy"):
-        choose.price(job, "ZeRO-2")
+        ddp_or_fsdp.price(job, "ZeRO-2")
 
 
 def test_tables_list_every_option_and_escape_names():
-    recs = [choose.recommend(_llm("llama-7b", 4)), choose.recommend(_llm("llama-70b", 1))]
-    crit = choose.criteria_html(recs[0])
-    assert "12P/N + một đơn vị đầy đủ + activation" in choose.criteria_html(choose.recommend(
-        choose.Job(25_557_032, 40, precision="fp32", optimizer="sgd_momentum")))
+    recs = [ddp_or_fsdp.recommend(_llm("llama-7b", 4)), ddp_or_fsdp.recommend(_llm("llama-70b", 1))]
+    crit = ddp_or_fsdp.criteria_html(recs[0])
+    assert "12P/N + một đơn vị đầy đủ + activation" in ddp_or_fsdp.criteria_html(ddp_or_fsdp.recommend(
+        ddp_or_fsdp.Job(25_557_032, 40, precision="fp32", optimizer="sgd_momentum")))
     for text in ("16P/S + một đơn vị đầy đủ + activation", "Độ phức tạp mã nguồn", "Quy mô phù hợp", "3(N−1)/N · Ψ", "FSDP HYBRID_SHARD",
                  "Lượng ra khỏi mỗi node"):
         assert text in crit
-    table = choose.decision_html(recs + [choose.recommend(choose.Job(10, 1, name="<x>"))])
+    table = ddp_or_fsdp.decision_html(recs + [ddp_or_fsdp.recommend(ddp_or_fsdp.Job(10, 1, name="<x>"))])
     assert "&lt;x&gt;" in table and "không phương án nào vừa" in table
     assert "1 123,6 ✗" in table  # LLaMA-70B under DDP, Vietnamese decimal comma
     assert "127,8 GB" in recs[0].reason
@@ -107,7 +108,7 @@ def test_tables_list_every_option_and_escape_names():
 
 def test_memory_figure_curves():
     job = _llm("llama-7b", 1)
-    fig, ys = choose.memory_figure(job, (1, 2, 4))
+    fig, ys = ddp_or_fsdp.memory_figure(job, (1, 2, 4))
     assert ys["DDP"] == [ys["DDP"][0]] * 3
     assert ys["FULL_SHARD"][0] == ys["DDP"][0] > ys["FULL_SHARD"][1] > ys["FULL_SHARD"][2]
     import matplotlib.pyplot as plt
@@ -116,13 +117,13 @@ def test_memory_figure_curves():
 
 @pytest.mark.distributed
 def test_compare_run_matches_the_table():
-    results = launch.spawn(choose.compare_run, world_size=2, backend="gloo", timeout=180,
+    results = launch.spawn(ddp_or_fsdp.compare_run, world_size=2, backend="gloo", timeout=180,
                            output="none")
     for r in results:
         ddp, fsdp = r["DDP"], r["FSDP2 reshard_after_forward=True"]
         p = ddp["num_params"]
-        job = choose.Job(p, 1, 2, 1, "fp32", "adam")
-        rec = choose.recommend(job)
+        job = ddp_or_fsdp.Job(p, 1, 2, 1, "fp32", "adam")
+        rec = ddp_or_fsdp.recommend(job)
         assert ddp["volume"].total == rec.options["DDP"].sent_bytes
         assert fsdp["volume"].total == rec.options["FULL_SHARD"].sent_bytes == 1.5 * ddp["volume"].total
         assert ddp["state"].total == rec.options["DDP"].memory_bytes == 16 * p

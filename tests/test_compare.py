@@ -1,4 +1,4 @@
-"""Labs B and C (``dpbook.compare``): several wrappings measured in one launch, against the
+"""Labs B and C (``dpbook.labs.compare``): several wrappings measured in one launch, against the
 ledger and the cost formulas.
 
 The distributed test uses the chapter's small ``MLP(16, 32, depth=3, 4)``: every FSDP unit and
@@ -8,7 +8,8 @@ every row dimension divides by 4, so no shard is padded and the equalities are e
 import matplotlib
 import pytest
 
-from dpbook import compare, costs, launch, memory
+from dpbook.labs import compare
+from dpbook import costs, launch, memory
 from dpbook.train import Parallel
 
 matplotlib.use("Agg")

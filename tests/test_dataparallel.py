@@ -6,10 +6,12 @@ import inspect
 import pytest
 import torch
 
-from dpbook import dp, gil, launch, models
+from dpbook import gil
+from dpbook.pages import dataparallel
+from dpbook import launch, models
 
 TINY = {"in_dim": 16, "hidden": 32, "depth": 2, "out_dim": 4}
-GPUS = dp.cuda_devices()
+GPUS = dataparallel.cuda_devices()
 
 
 # ------------------------------------------------------------------ the GIL
@@ -45,7 +47,7 @@ def test_threads_never_keep_more_than_one_core_busy():
 @pytest.mark.skipif(GPUS > 0, reason="without CUDA only")
 def test_dataparallel_without_gpus_just_calls_the_module():
     model = models.build_mlp(**TINY)
-    info = dp.dataparallel_info(model, torch.randn(8, TINY["in_dim"]))
+    info = dataparallel.dataparallel_info(model, torch.randn(8, TINY["in_dim"]))
     assert info.device_ids == () and info.same_module and info.max_abs_diff == 0.0
     assert info.param_device == info.output_device == "cpu"
     assert "device_ids = []" in info.describe()
@@ -53,19 +55,19 @@ def test_dataparallel_without_gpus_just_calls_the_module():
 
 @pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU")
 def test_dataparallel_with_gpus_uses_them_all():
-    info = dp.dataparallel_info(models.build_mlp(**TINY), torch.randn(8, TINY["in_dim"]))
+    info = dataparallel.dataparallel_info(models.build_mlp(**TINY), torch.randn(8, TINY["in_dim"]))
     assert info.device_ids == tuple(range(GPUS)) and info.output_device == "cuda:0"
     assert info.max_abs_diff < 1e-4
 
 
 def test_why_no_dataparallel():
-    assert "không có GPU" in dp.why_no_dataparallel(0)
-    assert "1 GPU" in dp.why_no_dataparallel(1)
-    assert dp.why_no_dataparallel(2) == ""
+    assert "không có GPU" in dataparallel.why_no_dataparallel(0)
+    assert "1 GPU" in dataparallel.why_no_dataparallel(1)
+    assert dataparallel.why_no_dataparallel(2) == ""
 
 
 def test_backward_of_dp_functions_read_from_pytorch():
-    assert dp.backward_of() == {"Scatter": "Gather", "Broadcast": "ReduceAddCoalesced",
+    assert dataparallel.backward_of() == {"Scatter": "Gather", "Broadcast": "ReduceAddCoalesced",
                                 "Gather": "Scatter"}
 
 
@@ -85,7 +87,7 @@ def test_emulated_step_sums_replica_gradients_into_the_full_batch_gradient(batch
     g = torch.Generator().manual_seed(1)
     x = torch.randn(batch, TINY["in_dim"], generator=g, dtype=torch.float64)
     y = torch.randn(batch, TINY["out_dim"], generator=g, dtype=torch.float64)
-    step = dp.emulate_dp_step(model, x, y, replicas)
+    step = dataparallel.emulate_dp_step(model, x, y, replicas)
     assert step.chunk_sizes == sizes and step.output_rows == batch
     assert len(set(step.threads)) == len(sizes)  # one thread per replica
     assert step.reduce_diff < 1e-12 and step.full_batch_diff < 1e-12
@@ -95,40 +97,40 @@ def test_emulated_step_sums_replica_gradients_into_the_full_batch_gradient(batch
 
 def test_emulated_step_rejects_zero_replicas():
     with pytest.raises(ValueError):
-        dp.emulate_dp_step(models.build_mlp(**TINY), torch.zeros(2, 16), torch.zeros(2, 4), 0)
+        dataparallel.emulate_dp_step(models.build_mlp(**TINY), torch.zeros(2, 16), torch.zeros(2, 4), 0)
 
 
 # ------------------------------------------------------------------ memory and measurement
 
 def test_dp_memory_floor():
     resnet50 = 25_557_032
-    assert dp.dp_memory_floor(resnet50) == {"gpu0": 16 * resnet50, "other": 8 * resnet50}
-    assert dp.dp_memory_floor(10, "mixed") == {"gpu0": 160, "other": 40}
-    assert dp.dp_memory_floor(10, optimizer="sgd") == {"gpu0": 80, "other": 80}
+    assert dataparallel.dp_memory_floor(resnet50) == {"gpu0": 16 * resnet50, "other": 8 * resnet50}
+    assert dataparallel.dp_memory_floor(10, "mixed") == {"gpu0": 160, "other": 40}
+    assert dataparallel.dp_memory_floor(10, optimizer="sgd") == {"gpu0": 80, "other": 80}
     with pytest.raises(ValueError):
-        dp.dp_memory_floor(0)
+        dataparallel.dp_memory_floor(0)
 
 
 def test_gpu_model_size():
-    assert models.num_params(models.build_mlp(**dp.GPU_MODEL)) == 33_571_840
+    assert models.num_params(models.build_mlp(**dataparallel.GPU_MODEL)) == 33_571_840
 
 
 @pytest.mark.skipif(GPUS > 0, reason="without CUDA only")
 def test_measurements_explain_why_they_cannot_run_on_cpu():
     with pytest.raises(RuntimeError, match="DataParallel cần ít nhất 2 GPU"):
-        dp.measure_dataparallel(TINY)
+        dataparallel.measure_dataparallel(TINY)
     with pytest.raises(RuntimeError, match="không có GPU"):
-        dp.compare_dp_ddp()
+        dataparallel.compare_dp_ddp()
 
 
 def test_ddp_worker_checks_the_batch_split():
     with pytest.raises(ValueError, match="chia hết"):
-        dp.ddp_step_worker(0, 3, TINY, global_batch=16)
+        dataparallel.ddp_step_worker(0, 3, TINY, global_batch=16)
 
 
 @pytest.mark.distributed
 def test_ddp_step_worker_runs_on_every_rank():
-    ranks = launch.spawn(dp.ddp_step_worker, world_size=2, model_kwargs=TINY, global_batch=16,
+    ranks = launch.spawn(dataparallel.ddp_step_worker, world_size=2, model_kwargs=TINY, global_batch=16,
                          steps=2, warmup=1, output="none")
     assert [r["rank"] for r in ranks] == [0, 1]
     assert {r["num_params"] for r in ranks} == {models.num_params(models.build_mlp(**TINY))}
@@ -138,14 +140,14 @@ def test_ddp_step_worker_runs_on_every_rank():
 
 @pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU")
 def test_measure_dataparallel_on_one_gpu():
-    r = dp.measure_dataparallel(TINY, global_batch=16, steps=2, warmup=1, device_ids=[0])
+    r = dataparallel.measure_dataparallel(TINY, global_batch=16, steps=2, warmup=1, device_ids=[0])
     assert r["world_size"] == 1 and len(r["peak_bytes"]) == 1 and r["peak_bytes"][0] > 0
     assert r["step_s"] > 0
 
 
 @pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA GPUs")
 def test_compare_dp_ddp_on_two_gpus():
-    r = dp.compare_dp_ddp(2, global_batch=64, steps=3, warmup=1)
+    r = dataparallel.compare_dp_ddp(2, global_batch=64, steps=3, warmup=1)
     peaks = r["dp"]["peak_bytes"]
     assert peaks[0] > peaks[1]  # GPU 0 carries the optimizer state and the whole output
     assert max(r["ddp_peak_bytes"]) < 1.05 * min(r["ddp_peak_bytes"])  # DDP is balanced

@@ -1,10 +1,11 @@
-"""Section 4.2.2: the complete DDP script ``dpbook.ddp_script`` (also ``python -m dpbook.train``)."""
+"""Section 4.2.2: the complete DDP script ``dpbook.scripts.ddp_script`` (also ``python -m dpbook.scripts.ddp_script``)."""
 
 import sys
 
 import pytest
 import torch
-from dpbook import ddp_script, launch, torchrun
+from dpbook.scripts import ddp_script
+from dpbook import launch, torchrun
 from dpbook.models import build_mlp
 
 F64 = {"dtype": "float64", "num_samples": 64, "eval_samples": 20, "progress": False}
@@ -79,21 +80,21 @@ def test_ddp_with_no_sync_accumulation_equals_one_process_on_the_global_batch():
 
 
 def test_python_dash_m_runs_one_process(tmp_path):
-    out = torchrun.run_process([sys.executable, "-m", "dpbook.train", "--epochs", "1",
+    out = torchrun.run_process([sys.executable, "-m", "dpbook.scripts.ddp_script", "--epochs", "1",
                                   "--checkpoint", str(tmp_path / "c.pt")], timeout=60)
     assert out.returncode == 0, out.stdout
     assert "Xong: 1 process" in out.stdout and (tmp_path / "c.pt").exists()
 
 
 def test_bad_command_line_exits_with_a_vietnamese_message():
-    out = torchrun.run_process([sys.executable, "-m", "dpbook.train", "--epochs", "0"],
+    out = torchrun.run_process([sys.executable, "-m", "dpbook.scripts.ddp_script", "--epochs", "0"],
                                  timeout=60)
     assert out.returncode == 2 and "epochs phải là số nguyên" in out.stdout
 
 
 @pytest.mark.distributed
 def test_torchrun_two_processes(tmp_path):
-    cmd = torchrun.command("dpbook.train", ["--epochs", "1", "--num-samples", "64",
+    cmd = torchrun.command("dpbook.scripts.ddp_script", ["--epochs", "1", "--num-samples", "64",
                                             "--checkpoint", str(tmp_path / "c.pt")],
                            nproc_per_node=2)
     out = torchrun.run_process(cmd, timeout=90)

@@ -1,11 +1,13 @@
 """Section 4.1.3 (DDP): the sampler, the construction Broadcast, the gradient AllReduce, the
-``module.`` prefix and rank-0 checkpointing, in ``dpbook.ddp_demo`` and ``dpbook.ddp_figures``."""
+``module.`` prefix and rank-0 checkpointing, in ``dpbook.pages.ddp`` and ``dpbook.pages.ddp``."""
 
 import matplotlib
 import pytest
 import torch
 
-from dpbook import ddp_demo, ddp_figures, launch
+from dpbook import data
+from dpbook.pages import ddp
+from dpbook import launch
 from dpbook.measure import CommRecord
 
 matplotlib.use("Agg")
@@ -19,22 +21,22 @@ def _partition_ok(parts, dataset_size):
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_sampler_partitions_every_epoch(world_size):
     n = 12
-    runs = [ddp_demo.sampler_epochs(n, world_size, r, epochs=3) for r in range(world_size)]
+    runs = [data.sampler_epochs(n, world_size, r, epochs=3) for r in range(world_size)]
     for e in range(3):
         assert _partition_ok([run[e] for run in runs], n)
 
 
 def test_without_set_epoch_every_epoch_repeats():
     for r in range(2):
-        without = ddp_demo.sampler_epochs(16, 2, r, epochs=3, call_set_epoch=False)
-        with_ = ddp_demo.sampler_epochs(16, 2, r, epochs=3, call_set_epoch=True)
+        without = data.sampler_epochs(16, 2, r, epochs=3, call_set_epoch=False)
+        with_ = data.sampler_epochs(16, 2, r, epochs=3, call_set_epoch=True)
         assert without[0] == without[1] == without[2]
         assert len({tuple(o) for o in with_}) == 3
         assert with_[0] == without[0]
 
 
 def test_sampler_pads_when_not_divisible():
-    a, b = (ddp_demo.sampler_epochs(15, 2, r, epochs=1)[0] for r in range(2))
+    a, b = (data.sampler_epochs(15, 2, r, epochs=1)[0] for r in range(2))
     assert len(a) == len(b) == 8 and len(set(a) & set(b)) == 1
     assert set(a) | set(b) == set(range(15))
 
@@ -44,27 +46,27 @@ def test_sampler_pads_when_not_divisible():
 def test_sampler_epochs_rejects_bad_arguments(bad):
     kwargs = dict(dataset_size=8, world_size=2, rank=0, epochs=1) | bad
     with pytest.raises(ValueError):
-        ddp_demo.sampler_epochs(**kwargs)
+        data.sampler_epochs(**kwargs)
 
 
 def test_demo_model_depends_on_seed_and_has_buffers():
-    m0, m1 = ddp_demo.demo_model(0), ddp_demo.demo_model(1)
+    m0, m1 = ddp.demo_model(0), ddp.demo_model(1)
     assert not torch.equal(m0.mlp.head.weight, m1.mlp.head.weight)
     assert not torch.equal(m0.norm.running_mean, m1.norm.running_mean)
-    assert torch.equal(ddp_demo.demo_model(0).norm.running_mean, m0.norm.running_mean)
-    assert ddp_demo.bytes_by_dtype(m0.buffers()) == {"torch.float32": 2 * 16 * 4,
+    assert torch.equal(ddp.demo_model(0).norm.running_mean, m0.norm.running_mean)
+    assert ddp.bytes_by_dtype(m0.buffers()) == {"torch.float32": 2 * 16 * 4,
                                                       "torch.int64": 8}
 
 
 def test_owner_grid_and_figures():
-    runs = [ddp_demo.sampler_epochs(8, 2, r, epochs=2) for r in range(2)]
-    grid = ddp_figures.owner_grid(runs, 8)
+    runs = [data.sampler_epochs(8, 2, r, epochs=2) for r in range(2)]
+    grid = ddp.owner_grid(runs, 8)
     assert all(len(cell) == 1 for row in grid for cell in row)
-    ddp_figures.sampler_figure(runs, runs, 8)
+    ddp.sampler_figure(runs, runs, 8)
     rec = CommRecord("broadcast_", "broadcast", 100, 2, "forward")
-    rows = ddp_figures.timeline_rows([rec], [[rec], [rec, rec]])
+    rows = ddp.timeline_rows([rec], [[rec], [rec, rec]])
     assert [r.phase for r in rows] == ["khởi tạo DDP", "bước 0", "bước 1", "bước 1"]
-    ddp_figures.collectives_figure(rows)
+    ddp.collectives_figure(rows)
     import matplotlib.pyplot as plt
 
     plt.close("all")
@@ -72,17 +74,17 @@ def test_owner_grid_and_figures():
 
 @pytest.mark.distributed
 def test_sampler_orders_in_processes():
-    orders = launch.spawn(ddp_demo.sampler_orders, world_size=2, backend="gloo",
+    orders = launch.spawn(data.sampler_orders, world_size=2, backend="gloo",
                           output="none", dataset_size=16, epochs=3)
     for o in orders:
-        assert o["with_set_epoch"] == ddp_demo.sampler_epochs(16, 2, o["rank"], 3, True)
-        assert o["without_set_epoch"] == ddp_demo.sampler_epochs(16, 2, o["rank"], 3, False)
+        assert o["with_set_epoch"] == data.sampler_epochs(16, 2, o["rank"], 3, True)
+        assert o["without_set_epoch"] == data.sampler_epochs(16, 2, o["rank"], 3, False)
 
 
 @pytest.mark.distributed
 def test_ddp_lifecycle(tmp_path):
     path = tmp_path / "m.pt"
-    life = launch.spawn(ddp_demo.ddp_lifecycle, world_size=2, backend="gloo", output="none",
+    life = launch.spawn(ddp.ddp_lifecycle, world_size=2, backend="gloo", output="none",
                         steps=3, save_path=str(path))
     r0 = life[0]
     # different starts, rank 0's weights and buffers right after wrapping
@@ -105,4 +107,4 @@ def test_ddp_lifecycle(tmp_path):
     assert saved.keys() == r0["final"].keys()
     assert all(torch.equal(saved[k], r0["final"][k]) for k in saved)
     assert torch.equal(life[1]["final"]["mlp.head.weight"], r0["final"]["mlp.head.weight"])
-    ddp_demo.demo_model(0).load_state_dict(saved)
+    ddp.demo_model(0).load_state_dict(saved)

@@ -57,7 +57,7 @@ def _project(tmp_path, value):
     config = {"title": "thử", "only_build_toc_files": True,
               "exclude_patterns": [".*", "**/.*", "_build"],
               "execute": {"execute_notebooks": "cache", "timeout": 120},
-              "sphinx": {"extra_extensions": ["dpbook.sphinx_ext"],
+              "sphinx": {"extra_extensions": ["dpbook.tools.sphinx_ext"],
                          "config": {"dpbook_execution_inputs": ["mymod.py"]}}}
     (root / "_config.yml").write_text(yaml.safe_dump(config, allow_unicode=True))
     return root

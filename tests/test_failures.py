@@ -1,10 +1,11 @@
-"""Section 4.2.5 (common failures): ``dpbook.failures`` and ``dpbook.state_failures``."""
+"""Section 4.2.5 (common failures): ``dpbook.pages.failures`` and ``dpbook.pages.failures``."""
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from dpbook import failures, launch, state_failures, torchrun
+from dpbook.pages import failures
+from dpbook import launch, torchrun
 
 
 def test_distributed_sampler_evens_out_the_ranks():
@@ -33,8 +34,8 @@ def test_busy_port_refuses_a_second_listener_and_port_zero_works():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_gpu_checkpoint_needs_map_location_on_cpu(tmp_path):
     path = str(tmp_path / "ckpt.pt")
-    state_failures.save_as_if_on_gpu({"w": torch.arange(3.0)}, path)
-    assert state_failures.storage_locations(path) == ["cuda:0"]
+    failures.save_as_if_on_gpu({"w": torch.arange(3.0)}, path)
+    assert failures.storage_locations(path) == ["cuda:0"]
     with pytest.raises(RuntimeError, match="map_location"):
         torch.load(path)
     assert torch.equal(torch.load(path, map_location="cpu")["w"], torch.arange(3.0))
@@ -44,7 +45,7 @@ def test_gpu_checkpoint_needs_map_location_on_cpu(tmp_path):
 def test_scenarios_unused_parameters_and_batchnorm():
     runs = [("lỗi", failures.unused_parameters, {}),
             ("sửa", failures.unused_parameters, {"find_unused_parameters": True}),
-            ("bn", state_failures.batchnorm_drift, {"steps": 5})]
+            ("bn", failures.batchnorm_drift, {"steps": 5})]
     results = launch.spawn(failures.scenarios, runs, world_size=2, backend="gloo",
                            timeout=120, output="none")
     for r in results:

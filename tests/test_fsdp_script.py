@@ -1,14 +1,14 @@
-"""Section 4.2.3 (FSDP in full): ``dpbook.fsdp_script``, ``dpbook.fsdp_checkpoint`` and
-``dpbook.tiny_transformer``."""
+"""Section 4.2.3 (FSDP in full): ``dpbook.pages.fsdp_in_full``, ``dpbook.pages.fsdp_in_full`` and
+``dpbook.models.transformer``."""
 
 import pytest
 import torch
 
-from dpbook import fsdp_checkpoint as fc
-from dpbook import fsdp_script as fs
+from dpbook.pages import fsdp_in_full as fc
+from dpbook.pages import fsdp_in_full as fs
 from dpbook import launch, train
 from dpbook.models import num_params
-from dpbook.tiny_transformer import TinyTransformer, build_tiny_transformer, random_tokens
+from dpbook.models.transformer import TinyTransformer, build_tiny_transformer, random_tokens
 
 
 # ---------------------------------------------------------------- pure functions, one process

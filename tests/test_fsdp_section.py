@@ -1,26 +1,27 @@
-"""Section 4.1.6 (FSDP): ``dpbook.fsdp_demo``: a parameter after ``fully_shard`` and a
+"""Section 4.1.6 (FSDP): ``dpbook.pages.fsdp_intro``: a parameter after ``fully_shard`` and a
 Distributed Checkpoint round trip on 2 ranks."""
 
 import pytest
 import torch
 
-from dpbook import fsdp_demo, launch
+from dpbook.pages import fsdp_intro
+from dpbook import launch
 
 
 def test_sharded_parameter_of_a_plain_tensor():
-    info = fsdp_demo.sharded_parameter(torch.nn.Parameter(torch.zeros(6, 3)))
+    info = fsdp_intro.sharded_parameter(torch.nn.Parameter(torch.zeros(6, 3)))
     assert info == {"is_dtensor": False, "full_shape": (6, 3), "local_shape": (6, 3),
                     "placements": ()}
 
 
 def test_dcp_round_trip_rejects_bad_steps():
     with pytest.raises(ValueError, match="steps"):
-        fsdp_demo.dcp_round_trip(0, 1, "/nonexistent", steps=0)
+        fsdp_intro.dcp_round_trip(0, 1, "/nonexistent", steps=0)
 
 
 @pytest.mark.distributed
 def test_dcp_round_trip_restores_the_training_state(tmp_path):
-    results = launch.spawn(fsdp_demo.dcp_round_trip, str(tmp_path), world_size=2,
+    results = launch.spawn(fsdp_intro.dcp_round_trip, str(tmp_path), world_size=2,
                            backend="gloo", timeout=180, output="none")
     for r in results:
         # fully_shard: a DTensor split by rows, half of the rows on each rank

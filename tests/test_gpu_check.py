@@ -6,12 +6,12 @@ import sys
 import pytest
 import torch
 
-from dpbook import gpu_check
+from dpbook.tools import gpu_check
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="máy có GPU: lệnh sẽ chạy thật")
 def test_without_gpu_it_says_so_and_exits_zero():
-    proc = subprocess.run([sys.executable, "-m", "dpbook.gpu_check"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "dpbook.tools.gpu_check"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0
     assert "Không tìm thấy GPU" in proc.stdout

@@ -15,7 +15,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dpbook import bench, compare, costs, data, ddp_script, fsdp_script, launch, measure, train
+from dpbook import bench, costs, data, launch, measure, train
+from dpbook.labs import compare
+from dpbook.scripts import ddp_script
+from dpbook.pages import fsdp_in_full
 from dpbook.models import build_mlp
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -77,15 +80,15 @@ def test_fsdp2_under_gloo_shards_on_the_cpu_of_a_cuda_build(gloo_rank, cuda_buil
 
 def test_meta_init_materialises_shards_on_the_ranks_device(gloo_rank, cuda_build):
     cuda_build()
-    r = fsdp_script.meta_init(0, 1)
+    r = fsdp_in_full.meta_init(0, 1)
     assert r["all_meta"] and all(r["loaded_equal"].values())
 
 
 def test_fsdp_lifecycle_trace_runs_on_the_cpu_of_a_cuda_build(gloo_rank, cuda_build):
-    from dpbook import trace
+    from dpbook.tracing import lifecycle
 
     cuda_build()
-    r = trace.record_lifecycle(0, 1)
+    r = lifecycle.record_lifecycle(0, 1)
     assert r["call"] == "apply_fsdp2(model, reshard_after_forward=True)"
     assert {e.kind for e in r["events"]} >= {"forward_compute", "backward_post", "step_end"}
 
@@ -175,7 +178,7 @@ def test_the_ddp_script_reports_its_autocast_dtype():
     ("fsdp1", "ShardedGradScaler"), ("fsdp2", "GradScaler")])
 def test_fsdp_mixed_precision_on_a_t4_is_fp16_with_a_scaler(cuda_build, method, scaler):
     cuda_build(T4)
-    policy, grad_scaler = fsdp_script.precision_policy(method, torch.device("cuda", 0))
+    policy, grad_scaler = fsdp_in_full.precision_policy(method, torch.device("cuda", 0))
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.float16, torch.float32)
     assert type(grad_scaler).__name__ == scaler and grad_scaler.is_enabled()
 
@@ -184,7 +187,7 @@ def test_cpu_keeps_bf16_and_needs_no_scaler(cuda_build):
     cuda_build(T4)
     cpu = torch.device("cpu")
     assert train.amp_dtype(cpu) == torch.bfloat16
-    policy, scaler = fsdp_script.precision_policy("fsdp1", cpu)
+    policy, scaler = fsdp_in_full.precision_policy("fsdp1", cpu)
     assert policy.param_dtype == policy.buffer_dtype == torch.bfloat16
     assert not scaler.is_enabled()
     assert not train.grad_scaler(cpu, None).is_enabled()
@@ -220,7 +223,7 @@ def test_a_failed_nccl_rank_aborts_its_groups_instead_of_destroying_them(monkeyp
 @pytest.mark.parametrize("backend, destroyed", [("gloo", True), ("nccl", False)])
 def test_the_crash_demo_closes_ddps_group_only_under_gloo(gloo_rank, monkeypatch, backend,
                                                           destroyed):
-    from dpbook import failures
+    from dpbook.pages import failures
 
     groups = []
     real_new_group = dist.new_group

@@ -1,9 +1,9 @@
-"""``dpbook.gpu_pages``: the checks ``make gpu-check`` runs for part 4.2, run here with gloo on
+"""``dpbook.tools.gpu_pages``: the checks ``make gpu-check`` runs for part 4.2, run here with gloo on
 CPU so their plumbing is tested on every machine (on a GPU box they run with NCCL)."""
 
 import pytest
 
-from dpbook import gpu_pages
+from dpbook.tools import gpu_pages
 
 
 def test_device_must_match_backend():

@@ -1,11 +1,11 @@
-"""Lab A (section 4.2, single-GPU script to DDP): ``dpbook.lab_a`` and its checker."""
+"""Lab A (section 4.2, single-GPU script to DDP): ``dpbook.labs.lab_a`` and its checker."""
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from dpbook.lab_a import BROKEN, SOLUTION, checker, common
-from dpbook.lab_a.single_gpu import epoch_order
+from dpbook.labs.lab_a import BROKEN, SOLUTION, checker, common
+from dpbook.labs.lab_a.single_gpu import epoch_order
 
 
 def ddp_traces(n, world, epochs, set_epoch=True):
@@ -101,7 +101,7 @@ def test_check_refuses_bad_arguments(tmp_path):
 
 
 def test_command_line_refuses_a_missing_script(capsys):
-    from dpbook.lab_a import checker
+    from dpbook.labs.lab_a import checker
 
     with pytest.raises(ValueError, match="Không thấy file script"):
         checker.main(["/khong/co/file.py"])

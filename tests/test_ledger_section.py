@@ -1,15 +1,16 @@
-"""Section 4.1.7 (the VRAM ledger): ``dpbook.ledger_report`` against the ZeRO paper and a real
+"""Section 4.1.7 (the VRAM ledger): ``dpbook.pages.vram_ledger`` against the ZeRO paper and a real
 run of DDP, FSDP1 and FSDP2 on 2 ranks."""
 
 import pytest
-from dpbook import launch, ledger_report, memory
+from dpbook import launch, memory
+from dpbook.pages import vram_ledger
 from dpbook.measure import PeakMemory, StateBytes
 
 GB = 1e9
 
 
 def test_zero_stages_reproduce_the_paper():
-    z = ledger_report.zero_stages(7_500_000_000, 64)
+    z = vram_ledger.zero_stages(7_500_000_000, 64)
     assert list(z) == ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
     assert [round(led.state / GB, 1) for led in z.values()] == [120.0, 31.4, 16.6, 1.9]
 
@@ -19,13 +20,13 @@ def test_zero_stages_reproduce_the_paper():
     (80, 64, "ZeRO-3", 320_000_000_000), (141, 8, "ZeRO-3", 70_500_000_000),
 ])
 def test_max_params_is_the_largest_model_that_fits(gpu, n, strategy, expected):
-    p = ledger_report.max_params(gpu, n, strategy)
+    p = vram_ledger.max_params(gpu, n, strategy)
     assert p == expected
     assert memory.vram_ledger(p + 1, n, strategy, precision="mixed").state > gpu * GB
 
 
 def test_max_params_fits_exactly_for_uneven_division():
-    p = ledger_report.max_params(24, 64, "ZeRO-1")  # 4 + 12/64 bytes per parameter
+    p = vram_ledger.max_params(24, 64, "ZeRO-1")  # 4 + 12/64 bytes per parameter
     assert memory.vram_ledger(p, 64, "ZeRO-1", precision="mixed").state <= 24 * GB
     assert memory.vram_ledger(p + 1, 64, "ZeRO-1", precision="mixed").state > 24 * GB
 
@@ -35,7 +36,7 @@ def test_max_params_fits_exactly_for_uneven_division():
 def test_max_params_rejects_bad_inputs(kwargs):
     args = {"gpu_gb": 80, "world_size": 8, "strategy": "DDP"} | kwargs
     with pytest.raises(ValueError, match="phải|không hợp lệ"):
-        ledger_report.max_params(**args)
+        vram_ledger.max_params(**args)
 
 
 def _fake(p, n, shard):
@@ -46,12 +47,12 @@ def _fake(p, n, shard):
 
 def test_compare_rows_and_table():
     results = {name: _fake(100, 2, strategy not in ("DDP", "NO_SHARD"))
-               for name, _, strategy in ledger_report.RUNS}
-    rows = ledger_report.compare_rows(results, 2)
+               for name, _, strategy in vram_ledger.RUNS}
+    rows = vram_ledger.compare_rows(results, 2)
     assert all(r.equal for r in rows) and [r.strategy for r in rows][-1] == "FULL_SHARD"
     results["DDP"] = _fake(100, 2, True)  # a DDP that shards would not match the ledger
-    assert not ledger_report.compare_rows(results, 2)[0].equal
-    table = ledger_report.comparison_table(rows).splitlines()
+    assert not vram_ledger.compare_rows(results, 2)[0].equal
+    table = vram_ledger.comparison_table(rows).splitlines()
     assert len(table) == 2 + 2 * len(rows)
     assert "dự đoán" in table[2] and "đo được" in table[3] and table[3].endswith("2000")
 
@@ -59,8 +60,8 @@ def test_compare_rows_and_table():
 def test_stacked_bars_draws_each_kind_and_each_card():
     import matplotlib
     matplotlib.use("Agg")
-    z = ledger_report.zero_stages(7_500_000_000, 64)
-    fig = ledger_report.stacked_bars(z, title="t")
+    z = vram_ledger.zero_stages(7_500_000_000, 64)
+    fig = vram_ledger.stacked_bars(z, title="t")
     ax = fig.axes[0]
     assert len(ax.patches) == 3 * 4  # three kinds of state, four bars
     assert sorted(line.get_ydata()[0] for line in ax.get_lines()) == [24, 80, 141]
@@ -70,11 +71,11 @@ def test_stacked_bars_draws_each_kind_and_each_card():
 
 @pytest.mark.distributed
 def test_measured_state_equals_the_ledger_on_two_ranks():
-    results = launch.spawn(ledger_report.measure_strategies, world_size=2, backend="gloo",
+    results = launch.spawn(vram_ledger.measure_strategies, world_size=2, backend="gloo",
                            timeout=180, output="none")
     for res in results:
-        rows = ledger_report.compare_rows(res, 2)
-        assert [r.name for r in rows] == [name for name, _, _ in ledger_report.RUNS]
+        rows = vram_ledger.compare_rows(res, 2)
+        assert [r.name for r in rows] == [name for name, _, _ in vram_ledger.RUNS]
         assert all(r.equal for r in rows)
         p = res["DDP"]["num_params"]
         assert rows[0].measured.state == 16 * p and rows[-1].measured.state == 8 * p

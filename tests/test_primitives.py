@@ -1,16 +1,17 @@
-"""Section 4.2.1 (communication primitives): ``dpbook.primitives`` rank functions and the
+"""Section 4.2.1 (communication primitives): ``dpbook.pages.communication`` rank functions and the
 all-gather / reduce-scatter / memcpy extension of ``dpbook.bench``."""
 
 import math
 
 import pytest
 import torch
-from dpbook import bench, collectives, costs, launch, primitives
+from dpbook import bench, collectives, costs, launch
+from dpbook.pages import communication
 
 
 def expected_collectives(n: int, numel: int) -> dict:
     """What each collective must leave on each rank, from the definitions."""
-    xs = [primitives.rank_tensor(r, numel) for r in range(n)]
+    xs = [communication.rank_tensor(r, numel) for r in range(n)]
     total = torch.stack(xs).sum(0)
     chunk = numel // n
     return {
@@ -23,18 +24,18 @@ def expected_collectives(n: int, numel: int) -> dict:
 
 
 def test_rank_tensor_names_rank_and_position():
-    assert primitives.rank_tensor(0, 3).tolist() == [1.0, 2.0, 3.0]
-    assert primitives.rank_tensor(2, 4).tolist() == [21.0, 22.0, 23.0, 24.0]
-    assert primitives.rank_tensor(1, 2).dtype == torch.float32
+    assert communication.rank_tensor(0, 3).tolist() == [1.0, 2.0, 3.0]
+    assert communication.rank_tensor(2, 4).tolist() == [21.0, 22.0, 23.0, 24.0]
+    assert communication.rank_tensor(1, 2).dtype == torch.float32
     with pytest.raises(ValueError):
-        primitives.rank_tensor(-1, 3)
+        communication.rank_tensor(-1, 3)
     with pytest.raises(ValueError):
-        primitives.rank_tensor(0, 0)
+        communication.rank_tensor(0, 0)
 
 
 def test_expected_values_agree_with_the_simulators():
     n, numel = 4, 8
-    xs = [primitives.rank_tensor(r, numel) for r in range(n)]
+    xs = [communication.rank_tensor(r, numel) for r in range(n)]
     exp = expected_collectives(n, numel)
     assert [t.tolist() for t in collectives.all_reduce(xs).outputs] == exp["all_reduce"]
     assert [t.tolist() for t in collectives.reduce_scatter(xs).outputs] == exp["reduce_scatter"]
@@ -44,11 +45,11 @@ def test_expected_values_agree_with_the_simulators():
 
 def test_arguments_are_checked_before_any_collective():
     with pytest.raises(ValueError, match="chia hết"):
-        primitives.run_collectives(0, 2, numel=3)
+        communication.run_collectives(0, 2, numel=3)
     with pytest.raises(ValueError):
-        primitives.ring_pass(0, 1)
+        communication.ring_pass(0, 1)
     with pytest.raises(ValueError):
-        primitives.barrier_wait(0, 2, delay=-1.0)
+        communication.barrier_wait(0, 2, delay=-1.0)
 
 
 def test_round_sizes():
@@ -80,24 +81,24 @@ def test_time_collectives_rejects_bad_arguments(kw):
 @pytest.mark.distributed
 def test_primitives_tour_on_two_ranks():
     n = 2
-    tour = launch.spawn(primitives.primitives_tour, world_size=n, backend="gloo", timeout=120,
+    tour = launch.spawn(communication.primitives_tour, world_size=n, backend="gloo", timeout=120,
                         output="none")
     exp = expected_collectives(n, 2 * n)
     for r, res in enumerate(tour):
         who = res["whoami"]
         assert (who["rank"], who["world_size"], who["backend"]) == (r, n, "gloo")
         assert who["env"] == {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(n)}
-        for name in primitives.COLLECTIVE_NAMES:
+        for name in communication.COLLECTIVE_NAMES:
             got = res["collectives"][name]
-            assert got["before"] == primitives.rank_tensor(r, 2 * n).tolist()
+            assert got["before"] == communication.rank_tensor(r, 2 * n).tolist()
             assert got["after"] == exp[name][r], name
         ring = res["ring"]
-        assert ring["received"] == primitives.rank_tensor((r - 1) % n, 3).tolist()
+        assert ring["received"] == communication.rank_tensor((r - 1) % n, 3).tolist()
         assert ring["to"] == (r + 1) % n and ring["from"] == (r - 1) % n
         a = res["async"]
         assert a["correct"] and a["launch"] < a["comm"] + a["compute"]
         assert a["nbytes"] == 4 * 2_000_000
-        assert sorted(res["init"]) == sorted(primitives.INIT_METHODS)
+        assert sorted(res["init"]) == sorted(communication.INIT_METHODS)
         for info in res["init"].values():
             assert info["sum"] == n * (n + 1) / 2 and info["rank"] == r
             assert info["world_size"] == n
@@ -116,11 +117,11 @@ def test_primitives_tour_on_two_ranks():
 @pytest.mark.distributed
 def test_run_collectives_on_three_ranks():
     n = 3
-    res = launch.spawn(primitives.run_collectives, world_size=n, backend="gloo", timeout=120,
+    res = launch.spawn(communication.run_collectives, world_size=n, backend="gloo", timeout=120,
                        output="none")
     exp = expected_collectives(n, 2 * n)
     for r in range(n):
-        for name in primitives.COLLECTIVE_NAMES:
+        for name in communication.COLLECTIVE_NAMES:
             assert res[r][name]["after"] == exp[name][r], (r, name)
 
 

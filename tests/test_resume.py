@@ -1,11 +1,11 @@
-"""Section 4.2.6 (fault tolerance): ``dpbook.resume``: arguments, the step-indexed data order,
+"""Section 4.2.6 (fault tolerance): ``dpbook.scripts.resume``: arguments, the step-indexed data order,
 complete checkpoints only and the cost model (the real crash and restart runs in 4.2.6 itself)."""
 
 import math
 
 import pytest
 import torch
-from dpbook import resume
+from dpbook.scripts import resume
 
 
 def cfg(**kw):

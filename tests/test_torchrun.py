@@ -21,10 +21,10 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_single_node_command_is_standalone():
-    cmd = torchrun.command("dpbook.train", ["--epochs", 1], nproc_per_node=2, max_restarts=3)
+    cmd = torchrun.command("dpbook.scripts.ddp_script", ["--epochs", 1], nproc_per_node=2, max_restarts=3)
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--standalone" in cmd and "--max_restarts=3" in cmd
-    assert cmd[-4:] == ["-m", "dpbook.train", "--epochs", "1"]
+    assert cmd[-4:] == ["-m", "dpbook.scripts.ddp_script", "--epochs", "1"]
 
 
 def test_multi_node_command_uses_c10d_rendezvous():

@@ -1,10 +1,13 @@
-"""Section 4.2.4 (torchrun, several nodes): ``dpbook.torchrun_env``, ``dpbook.hsdp_script``,
-``dpbook.node_figures`` and ``torchrun.json_records``."""
+"""Section 4.2.4 (torchrun, several nodes): ``dpbook.scripts.torchrun_env``, ``dpbook.scripts.hsdp_script``,
+``dpbook.pages.multi_node`` and ``torchrun.json_records``."""
 
 import pytest
 import torch
 
-from dpbook import hsdp_script, node_figures, torchrun, torchrun_env
+from dpbook.scripts import hsdp_script, torchrun_env
+from dpbook.torchrun import worker
+from dpbook.pages import multi_node
+from dpbook import torchrun
 
 ENV = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
        "GROUP_RANK": "1", "MASTER_ADDR": "node0", "MASTER_PORT": "29500",
@@ -17,11 +20,11 @@ def _report(rank, local, group, agent, local_world=2, world=4):
 
 
 def test_read_env_parses_and_refuses_plain_python():
-    env = torchrun_env.read_env(ENV)
+    env = worker.read_env(ENV)
     assert env["RANK"] == 3 and env["MASTER_PORT"] == 29500 and env["MASTER_ADDR"] == "node0"
     assert env["TORCHELASTIC_RUN_ID"] == "job7" and "ROLE_RANK" not in env
     with pytest.raises(RuntimeError, match="torchrun"):
-        torchrun_env.read_env({"RANK": "0"})
+        worker.read_env({"RANK": "0"})
 
 
 @pytest.mark.parametrize("extra, gpus, expected", [
@@ -31,7 +34,7 @@ def test_read_env_parses_and_refuses_plain_python():
     ({"DPBOOK_SAME_HOST": "1"}, 4, ("nccl", 3)),  # ... and each worker owns cuda:RANK
 ])
 def test_choose_backend(extra, gpus, expected):
-    assert torchrun_env.choose_backend({**ENV, **extra}, gpus) == expected
+    assert worker.choose_backend({**ENV, **extra}, gpus) == expected
 
 
 @pytest.mark.parametrize("host_ranks, gpus, expected", [
@@ -41,22 +44,22 @@ def test_choose_backend(extra, gpus, expected):
     ([1, 3], 2, ("nccl", 1)),  # two hosts, ranks interleaved: one agent per host
 ])
 def test_choose_backend_with_the_ranks_found_on_this_host(host_ranks, gpus, expected):
-    assert torchrun_env.choose_backend(ENV, gpus, host_ranks) == expected  # RANK 3, LOCAL_RANK 1
+    assert worker.choose_backend(ENV, gpus, host_ranks) == expected  # RANK 3, LOCAL_RANK 1
 
 
 def test_a_forced_backend_is_obeyed_or_refused():
-    assert torchrun_env.choose_backend({**ENV, "DPBOOK_BACKEND": "gloo"}, 8) == ("gloo", None)
-    assert torchrun_env.choose_backend({**ENV, "DPBOOK_BACKEND": "nccl"}, 2) == ("nccl", 1)
+    assert worker.choose_backend({**ENV, "DPBOOK_BACKEND": "gloo"}, 8) == ("gloo", None)
+    assert worker.choose_backend({**ENV, "DPBOOK_BACKEND": "nccl"}, 2) == ("nccl", 1)
     with pytest.raises(RuntimeError, match="DPBOOK_BACKEND=nccl cần 2 GPU"):
-        torchrun_env.choose_backend({**ENV, "DPBOOK_BACKEND": "nccl"}, 1)
+        worker.choose_backend({**ENV, "DPBOOK_BACKEND": "nccl"}, 1)
     with pytest.raises(ValueError, match="chỉ nhận gloo hoặc nccl"):
-        torchrun_env.choose_backend({**ENV, "DPBOOK_BACKEND": "mpi"}, 2)
+        worker.choose_backend({**ENV, "DPBOOK_BACKEND": "mpi"}, 2)
 
 
 def test_forcing_gloo_hides_the_gpus_from_a_script_that_chooses_itself():
     assert torchrun.BACKEND_ENV["gloo"] == {"DPBOOK_BACKEND": "gloo", "CUDA_VISIBLE_DEVICES": ""}
     with pytest.raises(ValueError, match="backend"):
-        torchrun.run("dpbook.torchrun_env", backend="cuda")
+        torchrun.run("dpbook.scripts.torchrun_env", backend="cuda")
 
 
 def test_workers_find_the_ranks_on_their_machine():
@@ -66,16 +69,16 @@ def test_workers_find_the_ranks_on_their_machine():
     hosts = {0: "máy-A", 1: "máy-B", 2: "máy-A", 3: "máy-B"}
     found = {}
 
-    def worker(rank):
-        found[rank] = torchrun_env.ranks_on_this_host(store, rank, 4, me=hosts[rank])
+    def publish(rank):
+        found[rank] = worker.ranks_on_this_host(store, rank, 4, me=hosts[rank])
 
-    threads = [threading.Thread(target=worker, args=(r,)) for r in hosts]
+    threads = [threading.Thread(target=publish, args=(r,)) for r in hosts]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
     assert found == {0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}
-    assert torchrun_env.host_id() == torchrun_env.host_id() != ""
+    assert worker.host_id() == worker.host_id() != ""
 
 
 def test_layout_problems_sees_wrong_arithmetic_and_agents():
@@ -117,8 +120,8 @@ def test_traffic_by_group_sums_per_group_and_collective():
 
 def test_model_sizes_and_figure():
     assert hsdp_script.model_sizes() == {"num_params": 2788, "root_params": 132}
-    pos = node_figures.worker_positions([(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)])
+    pos = multi_node.worker_positions([(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)])
     assert pos[0][1] == pos[1][1] > pos[2][1] == pos[3][1]  # node 0 is the top row
     assert pos[0][0] == pos[2][0] < pos[1][0]  # same local rank, same column
-    fig = node_figures.node_figure([(0, 0, 0), (1, 1, 0)], [[0, 1]], None, "x")
+    fig = multi_node.node_figure([(0, 0, 0), (1, 1, 0)], [[0, 1]], None, "x")
     assert fig.axes[0].get_title(loc="left") == "x"

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 import torch.distributed as dist
-from dpbook import bucket_trace as BT
+from dpbook.tracing import ddp_buckets as BT
 from dpbook import buckets as BA
 from dpbook import costs
 from dpbook.launch import spawn

@@ -12,7 +12,8 @@ import unicodedata
 import xml.etree.ElementTree as ET
 
 import pytest
-from dpbook import memory, trace
+from dpbook import memory
+from dpbook.tracing import lifecycle
 from dpbook.models import build_mlp
 from dpbook.widgets import fsdp, fsdp_frames
 from dpbook.style import PALETTE
@@ -34,7 +35,7 @@ P = sum(BLOCK_PARAMS) + 32 * 4 + 4
 def test_bad_inputs_are_refused_in_vietnamese(kwargs, word):
     strategy = kwargs.pop("strategy")
     with pytest.raises(ValueError, match=word) as err:
-        trace.record_trace(strategy, **kwargs)
+        lifecycle.record_trace(strategy, **kwargs)
     assert any(w in str(err.value) for w in ("không hợp lệ", "phải", "tối đa"))
 
 
@@ -44,7 +45,7 @@ def test_controls_need_a_trace():
 
 
 def test_trace_log_keeps_commlog_behaviour_and_ignores_hooks_outside_it():
-    log = trace.TraceLog(lambda: (True,))
+    log = lifecycle.TraceLog(lambda: (True,))
     log.mark("forward_pre", 0)  # outside the with block: a warm-up step, not recorded
     with log:
         log.mark("step_begin")
@@ -62,7 +63,7 @@ def test_fmt_bytes():
 
 @pytest.fixture(scope="module")
 def traces():
-    return trace.record_traces()
+    return lifecycle.record_traces()
 
 
 def _collectives(t, collective=None, phase=None, rank=0):
@@ -181,9 +182,9 @@ def test_hybrid_reduce_scatters_in_the_node_then_all_reduces_shards_across(trace
 @pytest.mark.distributed
 def test_mapping_refuses_a_collective_no_unit_explains(traces):
     t = traces["FULL_SHARD"]
-    wrong = tuple(trace.Unit(u.name, u.num_params, u.param_bytes + 4) for u in t.units)
+    wrong = tuple(lifecycle.Unit(u.name, u.num_params, u.param_bytes + 4) for u in t.units)
     with pytest.raises(ValueError, match="Không gán được all_gather"):
-        trace.assign_units(t.ranks[0].events, wrong, t.shard_size)
+        lifecycle.assign_units(t.ranks[0].events, wrong, t.shard_size)
 
 
 @pytest.mark.distributed

@@ -28,7 +28,6 @@ from .checks import int_at_least, one_of
 from .costs import bus_bandwidth, busbw_factor
 from .launch import device
 from .measure import sync
-from .primitives import all_gather_flat, reduce_scatter_flat
 
 #: Sizes in bytes (1 kB ... 10 MB, decimal units as in the rest of the book).
 DEFAULT_SIZES = (10**3, 10**4, 10**5, 10**6, 10**7)
@@ -56,6 +55,18 @@ class BenchRow:
     @property
     def factor(self) -> float:
         return busbw_factor(self.collective, self.world_size)
+
+
+def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, async_op: bool = False):
+    """``all_gather_single`` (torch >= 2.13) or its older name ``all_gather_into_tensor``."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(output, shard, async_op=async_op)
+
+
+def reduce_scatter_flat(output: torch.Tensor, full: torch.Tensor, async_op: bool = False):
+    """``reduce_scatter_single`` (torch >= 2.13) or its older name ``reduce_scatter_tensor``."""
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(output, full, async_op=async_op)
 
 
 def _check_sizes(sizes, itemsize: int, what: str = "một phần tử float32") -> tuple[int, ...]:

@@ -1,6 +1,6 @@
 """DDP's gradient buckets: which gradients DDP packs together, and the order in which the
 reducer launches their AllReduces. Pure functions; the animation is ``dpbook.widgets.buckets``,
-a real run is recorded by ``dpbook.bucket_trace``.
+a real run is recorded by ``dpbook.tracing.ddp_buckets``.
 
 What PyTorch does (read in ``torch/nn/parallel/distributed.py`` of torch 2.13 and checked against
 real runs in ``tests/test_widgets_buckets.py``):
@@ -67,7 +67,7 @@ class Bucket:
     limit: int
 
 
-def _ddp_named_params(model: nn.Module):
+def ddp_named_params(model: nn.Module):
     """``(module name, module, parameter name, parameter)`` in DDP's order: ``named_modules()``,
     each module's own parameters; frozen ones left out, shared ones once."""
     seen = set()
@@ -81,7 +81,7 @@ def _ddp_named_params(model: nn.Module):
 def model_params(model: nn.Module) -> list[Param]:
     """The parameters of ``model`` as DDP's reducer lists them (``_build_params_for_reducer``)."""
     out = []
-    for mod_name, mod, p_name, p in _ddp_named_params(model):
+    for mod_name, mod, p_name, p in ddp_named_params(model):
         sparse = isinstance(mod, (nn.Embedding, nn.EmbeddingBag)) and mod.sparse
         out.append(Param(f"{mod_name}.{p_name}" if mod_name else p_name, mod_name or "(gốc)",
                          p.numel(), str(p.dtype).removeprefix("torch."), p.device.type, sparse))
@@ -92,7 +92,7 @@ def ready_order(model: nn.Module, example: torch.Tensor) -> list[int]:
     """Indices (into ``model_params``) in the order their gradients become ready in one
     backward pass on ``example``: the order DDP records in its first iteration and rebuilds
     its buckets from."""
-    tensors = [p for *_, p in _ddp_named_params(model)]
+    tensors = [p for *_, p in ddp_named_params(model)]
     index = {id(p): i for i, p in enumerate(tensors)}
     order: list[int] = []
     handles = [p.register_post_accumulate_grad_hook(lambda t: order.append(index[id(t)]))

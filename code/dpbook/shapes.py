@@ -75,6 +75,27 @@ def meta_model(s: Transformer):
 
 
 @dataclass(frozen=True)
+class MLPShape:
+    """The shape of the package's MLP (``models.MLP``, whose defaults these are): ``depth``
+    blocks (Linear + ReLU) of width ``hidden``, then a linear head."""
+
+    in_dim: int = 16
+    hidden: int = 32
+    depth: int = 3
+    out_dim: int = 4
+
+    def block_params(self) -> tuple[int, ...]:
+        dims = [self.in_dim] + [self.hidden] * self.depth
+        return tuple(a * b + b for a, b in zip(dims, dims[1:]))
+
+    def num_params(self) -> int:
+        return sum(self.block_params()) + self.hidden * self.out_dim + self.out_dim
+
+
+MLP = MLPShape()
+
+
+@dataclass(frozen=True)
 class Preset:
     label: str
     num_params: int
@@ -92,12 +113,9 @@ SHAPES = {
 
 @functools.cache
 def presets() -> dict[str, Preset]:
-    """Every preset, the package's small ``MLP`` first (counted on a real instance)."""
-    from .models import MLP, num_params
-
-    mlp = MLP()
-    out = {"mlp": Preset("MLP nhỏ (dpbook)", num_params(mlp),
-                         max(num_params(b) for b in mlp.blocks))}
+    """Every preset, the package's small ``MLP`` first (closed form, checked against a real
+    instance by the tests)."""
+    out = {"mlp": Preset("MLP nhỏ (dpbook)", MLP.num_params(), max(MLP.block_params()))}
     for key, (label, s) in SHAPES.items():
         out[key] = Preset(label, num_params_of(s), max(layer_params(s), s.vocab * s.d_model))
     return out

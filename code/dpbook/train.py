@@ -143,7 +143,7 @@ def amp_dtype(dev: torch.device) -> torch.dtype:
     """The 16-bit type of mixed precision on ``dev``: bf16 where the hardware computes it (CPUs,
     GPUs of compute capability 8.0 and later), fp16 on older GPUs (T4: 7.5, V100: 7.0), which
     only emulate bf16, many times slower. A GPU is asked about the current device, which is the
-    rank's own once ``launch.spawn`` or ``torchrun_env`` has set it. fp16 needs loss scaling:
+    rank's own once ``launch.spawn`` or ``torchrun.worker`` has set it. fp16 needs loss scaling:
     see ``grad_scaler``."""
     if dev.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
         return torch.float16
@@ -277,12 +277,3 @@ def first_batchnorm_stats(x: torch.Tensor) -> dict[str, torch.Tensor]:
     stats = {"mean": x.mean(0), "var": x.var(0, unbiased=False), "global_mean": global_mean,
              "global_var": s[c + 1:] / s[0] - global_mean**2}
     return {k: v.cpu() for k, v in stats.items()}
-
-
-
-if __name__ == "__main__":
-    # ``python -m dpbook.train ...`` and ``torchrun ... -m dpbook.train ...`` land here: the
-    # complete DDP script of section 4.2.2 (``__package__`` is set under -m, so this works).
-    from .ddp_script import main
-
-    raise SystemExit(main())

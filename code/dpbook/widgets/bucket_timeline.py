@@ -3,7 +3,7 @@ when each bucket's AllReduce runs. Pure data, no drawing; ``dpbook.widgets.bucke
 
 Times come from one of two sources, and every figure says which: the alpha-beta model
 (``costs.alpha_beta_time``, compute proportional to parameter count) or a trace recorded in a
-real 2-rank gloo run on this machine (``bucket_trace.measure``).
+real 2-rank gloo run on this machine (``ddp_buckets.measure``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import vi
-from ..bucket_trace import DEFAULT_BATCH, DdpTrace
+from ..tracing.ddp_buckets import DEFAULT_BATCH, DdpTrace
 from ..buckets import Bucket, Param, assign_buckets, cap_limits
 from ..checks import int_at_least, non_negative
 from ..costs import alpha_beta_time

@@ -3,7 +3,7 @@ is reduced), the player and live controls. The SVG of each frame is drawn by
 ``dpbook.widgets.buckets_svg``.
 
 The buckets themselves come from ``dpbook.buckets`` (the same assignment as PyTorch's), the times
-from ``bucket_timeline`` (alpha-beta model or a run recorded by ``dpbook.bucket_trace``); every
+from ``bucket_timeline`` (alpha-beta model or a run recorded by ``dpbook.tracing.ddp_buckets``); every
 figure says which source its times come from.
 """
 
@@ -15,13 +15,12 @@ from dataclasses import dataclass
 import torch
 
 from .. import vi
-from ..bucket_trace import CAP_CHOICES_MB, DEFAULT_BATCH
+from ..tracing.ddp_buckets import CAP_CHOICES_MB, DEFAULT_BATCH
 from ..buckets import Param, cap_limits, model_params, ready_order
 from ..checks import non_negative, one_of
 from ..models import BUCKET_NET_D_IN, build_bucket_net
 from .bucket_timeline import (DEFAULT_ALPHA, DEFAULT_BANDWIDTH, DEFAULT_WORLD_SIZE, LayerSpan,
-                              Timeline, alpha_beta_timeline, compare_strategies,
-                              measured_timeline)
+                              Timeline, alpha_beta_timeline, compare_strategies, measured_timeline)
 from .player import Frame, Player
 
 FIRST_CAP_CHOICES_MB = (0.01, 0.02, 0.05, 0.1)

@@ -239,7 +239,7 @@ def _backward_steps(dp: _Tally, ddp: _Tally, n: int, m: float, o: float, b: int)
 
 def dp_vs_ddp_player(world_size: int = 4, *, presentation: bool = False, **sizes) -> Player:
     """The static player over ``iteration_steps(world_size, **sizes)``."""
-    from .dp_vs_ddp_svg import render  # lazy: the renderer imports this module
+    from .dp_vs_ddp_svg import render
 
     steps = iteration_steps(world_size, **sizes)
     top = max(max(s.dp.traffic + s.ddp.traffic) for s in steps)

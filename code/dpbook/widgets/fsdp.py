@@ -11,7 +11,7 @@ import html
 import itertools
 
 from ..checks import one_of
-from ..trace import STRATEGIES, Trace, TraceEvent, record_trace
+from ..tracing.lifecycle import STRATEGIES, Trace, TraceEvent, record_trace
 from .fsdp_frames import LifecycleFrame, UnitView, fmt_bytes, kb, lifecycle_frames
 from .player import Frame, Player
 from ..style import PALETTE, rank_colour
@@ -239,7 +239,7 @@ def fsdp_player(trace: Trace, presentation: bool = False) -> Player:
 def player(strategy: str = "FULL_SHARD", traces: dict[str, Trace] | None = None,
            presentation: bool = False) -> Player:
     """The lifecycle of ``strategy``: drawn from ``traces[strategy]`` when recorded traces are
-    given (``trace.record_traces()``), else from a run recorded now (a few seconds)."""
+    given (``lifecycle.record_traces()``), else from a run recorded now (a few seconds)."""
     if traces is None:
         one_of("strategy", strategy, STRATEGIES)
         return fsdp_player(record_trace(strategy), presentation)
@@ -248,7 +248,7 @@ def player(strategy: str = "FULL_SHARD", traces: dict[str, Trace] | None = None,
 
 
 def controls(traces: dict[str, Trace]):
-    """Live controls over already-recorded traces (``trace.record_traces()``): a strategy menu
+    """Live controls over already-recorded traces (``lifecycle.record_traces()``): a strategy menu
     and a presentation checkbox. Switching redraws from the trace; nothing is re-run."""
     import ipywidgets as w
 
@@ -256,7 +256,7 @@ def controls(traces: dict[str, Trace]):
 
     if not traces:
         raise ValueError("controls cần ít nhất một trace (dict rỗng); hãy gọi "
-                         "dpbook.trace.record_traces() trước.")
+                         "dpbook.tracing.lifecycle.record_traces() trước.")
 
     def build(strategy: str, presentation: bool) -> Player:
         return player(strategy, traces, presentation)

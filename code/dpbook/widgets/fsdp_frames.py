@@ -1,4 +1,4 @@
-"""The FSDP shard lifecycle, replayed from a trace recorded in a real run (``dpbook.trace``).
+"""The FSDP shard lifecycle, replayed from a trace recorded in a real run (``dpbook.tracing.lifecycle``).
 
 For every unit (each Block, and the root that owns the head) on every rank, the frames show
 the parameters (a shard or the full tensor), the gradient (none, full and not yet reduced, or
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import memory, vi
-from ..trace import Trace, TraceEvent
+from ..tracing.lifecycle import Trace, TraceEvent
 
 ACTIVITIES = (None, "all_gather", "forward", "backward", "reduce_scatter", "all_reduce", "free",
               "update")

@@ -143,7 +143,7 @@ def _check(preset, world_sizes, strategies, precision, optimizer, phase, shard_s
 
 def ledger_player(preset: str = "llama-7b", *, presentation: bool = False, **kwargs) -> Player:
     """The static player: one frame per world size (``kwargs`` go to ``ledger_frames``)."""
-    from .ledger_svg import axis_top, render  # the renderer imports this module
+    from .ledger_svg import axis_top, render
 
     frames = ledger_frames(preset, **kwargs)
     top = axis_top(frames)
@@ -225,7 +225,7 @@ def measured_frame(results: dict, world_size: int = 2) -> LedgerFrame:
 
 def measured_player(results: dict, world_size: int = 2, presentation: bool = False) -> Player:
     """One frame: ``measured_frame`` in the static player."""
-    from .ledger_svg import render  # the renderer imports this module
+    from .ledger_svg import render
 
     f = measured_frame(results, world_size)
     return Player([Frame(render(f), f.caption)], title=f.title, presentation=presentation)

@@ -1,0 +1,174 @@
+"""Section 4.1.7 (the VRAM ledger): the ledger against a real run, and the ZeRO paper's example.
+
+* ``measure_strategies``: one launch that trains the chapter's small MLP under DDP, FSDP1
+  (NO_SHARD, SHARD_GRAD_OP, FULL_SHARD) and FSDP2, and measures each with
+  ``measure.measure_step``; it also measures DDP's peak with ``gradient_as_bucket_view=True``,
+  to show what the bucket buffers cost.
+* ``compare_rows`` / ``comparison_table``: measured state bytes beside ``memory.vram_ledger``.
+* ``zero_stages``, ``max_params``: the ZeRO formulas for a model and the largest model a card
+  holds; ``stacked_bars``: the per-GPU figure with the cards' capacities as lines.
+
+Every number comes from ``memory.vram_ledger``; nothing here has a formula of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..checks import int_at_least, one_of
+from .. import style, vi
+from ..memory import PRECISIONS, STRATEGIES, Ledger, vram_ledger
+from ..style import GB
+
+# 4.1.7 compares three cards: the book's list without the A100 40GB.
+GPUS_GB = tuple(g for g in style.GPUS_GB if g != 40)
+ZERO_STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
+# (name shown, how to wrap, the ledger strategy it realises at rest)
+RUNS = (
+    ("DDP", ("ddp", None), "DDP"),
+    ("FSDP1 NO_SHARD", ("fsdp1", "NO_SHARD"), "NO_SHARD"),
+    ("FSDP1 SHARD_GRAD_OP", ("fsdp1", "SHARD_GRAD_OP"), "SHARD_GRAD_OP"),
+    ("FSDP1 FULL_SHARD", ("fsdp1", "FULL_SHARD"), "FULL_SHARD"),
+    ("FSDP2 fully_shard", ("fsdp2", None), "FULL_SHARD"),
+)
+KIND_LABELS = (("params", "tham số"), ("grads", "gradient"),
+               ("optimizer", "trạng thái bộ tối ưu"), ("activations", "activation"))
+
+
+def _parallel(method: str, strategy: str | None):
+    from ..train import Parallel
+
+    return Parallel(method, strategy=strategy) if strategy else Parallel(method)
+
+
+def ddp_bucket_view_peak(rank: int, world_size: int, batch_size: int = 8, warmup: int = 2):
+    """Peak memory of one DDP step with ``gradient_as_bucket_view=True``: the gradients are
+    views into the bucket buffers instead of a second copy (compare ``measure_step``'s DDP)."""
+    import torch
+
+    from ..data import rank_batch, synthetic_regression
+    from ..measure import peak_memory
+    from ..models import build_mlp
+    from ..train import apply_ddp, train_step
+
+    model = build_mlp()
+    wrapped = apply_ddp(model, gradient_as_bucket_view=True)
+    optimizer = torch.optim.Adam(wrapped.parameters(), lr=1e-3)
+    ds = synthetic_regression(batch_size * world_size, model.blocks[0].linear.in_features,
+                              model.head.out_features)
+    dev = next(wrapped.parameters()).device
+    x, y = rank_batch(ds.tensors, rank, batch_size, dev)
+    for _ in range(warmup):  # Adam creates its state, DDP rebuilds its buckets
+        train_step(wrapped, optimizer, x, y)
+    return peak_memory(lambda: train_step(wrapped, optimizer, x, y), wrapped, optimizer)
+
+
+def measure_strategies(rank: int, world_size: int, runs=RUNS) -> dict:
+    """Rank function for ``launch.spawn``: ``measure_step`` for each of ``runs`` (keyed by the
+    name shown), one launch for the whole page, plus ``"bucket_view_peak"``."""
+    from ..measure import measure_step
+
+    out = {name: measure_step(rank, world_size, _parallel(*how)) for name, how, _ in runs}
+    out["bucket_view_peak"] = ddp_bucket_view_peak(rank, world_size)
+    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    """One run: what the ledger predicts at rest and what rank 0 held after ``step()``."""
+
+    name: str
+    strategy: str
+    predicted: Ledger
+    measured: Ledger
+    peak: int
+
+    @property
+    def equal(self) -> bool:
+        return self.predicted == self.measured
+
+
+def compare_rows(results: dict, world_size: int = 2, runs=RUNS) -> list[Row]:
+    """``measure_strategies``' rank-0 dict against ``vram_ledger(..., phase="rest")`` (fp32,
+    Adam: ``measure_step`` reads the state right after ``optimizer.step()``)."""
+    int_at_least("world_size", world_size)
+    rows = []
+    for name, _, strategy in runs:
+        r = results[name]
+        predicted = vram_ledger(r["num_params"], world_size, strategy, precision="fp32",
+                                optimizer="adam", phase="rest")
+        st = r["state"]
+        rows.append(Row(name, strategy, predicted, Ledger(st.params, st.grads, st.optimizer),
+                        r["peak"].peak))
+    return rows
+
+
+def comparison_table(rows: list[Row]) -> str:
+    """An aligned plain-text table (bytes), predicted and measured on consecutive lines."""
+    head = (f"{'cách chạy':<21}{'sổ kế toán':<15}{'':<9}{'tham số':>9}{'gradient':>10}"
+            f"{'bộ tối ưu':>11}{'tổng':>8}{'đỉnh đo':>9}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        for kind, led in (("dự đoán", r.predicted), ("đo được", r.measured)):
+            first = kind == "dự đoán"
+            peak = "" if first else f"{r.peak:>9}"
+            lines.append(f"{r.name if first else '':<21}{r.strategy if first else '':<15}"
+                         f"{kind:<9}{led.params:>9.0f}{led.grads:>10.0f}{led.optimizer:>11.0f}"
+                         f"{led.state:>8.0f}{peak}")
+    return "\n".join(lines)
+
+
+def zero_stages(num_params: int, world_size: int, precision: str = "mixed",
+                **kwargs) -> dict[str, Ledger]:
+    """The ledger of DDP and ZeRO-1/2/3 for one model on ``world_size`` GPUs."""
+    return {s: vram_ledger(num_params, world_size, s, precision=precision, **kwargs)
+            for s in ZERO_STAGES}
+
+
+def max_params(gpu_gb: float, world_size: int, strategy: str, precision: str = "mixed",
+               optimizer: str = "adam") -> int:
+    """The largest parameter count whose state (no activations) fits in ``gpu_gb`` GB per rank."""
+    one_of("strategy", strategy, STRATEGIES)
+    one_of("precision", precision, PRECISIONS)
+    if not isinstance(gpu_gb, (int, float)) or isinstance(gpu_gb, bool) or gpu_gb <= 0:
+        raise ValueError(f"gpu_gb phải là số GB dương, nhận được {gpu_gb!r}.")
+    # state is linear in num_params: one parameter's bytes per rank, then divide
+    per_param = vram_ledger(1, world_size, strategy, precision=precision,
+                            optimizer=optimizer).state
+    p = int(gpu_gb * GB / per_param)
+    while vram_ledger(p + 1, world_size, strategy, precision=precision,
+                      optimizer=optimizer).state <= gpu_gb * GB:  # float rounding guard
+        p += 1
+    while p and vram_ledger(p, world_size, strategy, precision=precision,
+                            optimizer=optimizer).state > gpu_gb * GB:
+        p -= 1
+    return p
+
+
+def stacked_bars(ledgers: dict[str, Ledger], gpus_gb=GPUS_GB, title: str = ""):
+    """Per-GPU memory as stacked bars (one per strategy), with each card's capacity as a
+    dashed line; Vietnamese labels. Returns the matplotlib ``Figure``."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    names = list(ledgers)
+    base = [0.0] * len(names)
+    for i, (field, label) in enumerate(KIND_LABELS):
+        values = [getattr(ledgers[n], field) / GB for n in names]
+        if any(values):
+            ax.bar(names, values, bottom=base, color=style.series_colour(i), label=label,
+                   edgecolor=style.EDGE)
+            base = [b + v for b, v in zip(base, values)]
+    for i, total in enumerate(base):
+        ax.text(i, total + 1.5, f"{vi.number(total, 1)} GB", ha="center",
+                fontweight="bold")
+    for g in gpus_gb:
+        ax.axhline(g, color=style.PALETTE["vermillion"], linestyle="--", linewidth=1.2)
+        ax.text(len(names) - 0.5, g + 1.5, f"GPU {g} GB", color=style.PALETTE["vermillion"],
+                ha="right")
+    ax.set_ylim(0, max(max(base), max(gpus_gb, default=0)) * 1.12)
+    ax.set_ylabel("GB mỗi GPU")
+    ax.set_title(title)
+    ax.legend(loc="upper center", ncol=4, bbox_to_anchor=(0.5, -0.08), frameon=False)
+    fig.tight_layout()
+    return fig

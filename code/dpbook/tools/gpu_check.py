@@ -1,0 +1,187 @@
+"""``make gpu-check``: run what learners run on this GPU machine and print what it saw.
+
+1. The machine: torch, CUDA, NCCL, the CUDA architectures the wheel was built for (a T4 needs
+   ``sm_75``), each GPU's compute capability and native bf16, and which pairs of GPUs reach each
+   other directly (P2P).
+2. NCCL at every world size the machine allows (1, 2, 4, 8 and the GPU count): one DDP step and
+   one FSDP2 step of a model big enough for CUDA's peak memory, the measured communication
+   checked against ``dpbook.costs``, and FSDP2's peak below DDP's from 2 ranks on.
+3. Part 4.2's pages (``dpbook.tools.gpu_pages``) under NCCL on the largest power of two of GPUs.
+4. The fallbacks a learner's GPU box takes, each in a child process that sees fewer GPUs
+   (``CUDA_VISIBLE_DEVICES``): 2 ranks with 1 GPU visible and 4 ranks with 2, where
+   ``launch.spawn`` picks gloo and no rank may touch CUDA (``launch.NO_CUDA_VAR``).
+5. Every notebook of the book under nbval, as ``make test`` runs them (``--no-notebooks`` skips).
+
+On a machine without a GPU it says so and exits with status 0. ``--fallback N`` is step 4's
+child: the page checks on N ranks with the backend ``launch.spawn`` picks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .. import costs, launch, measure
+from . import gpu_pages
+from ..train import Parallel
+
+# Big enough that parameters dominate CUDA's peak memory, small enough for any GPU.
+GPU_MODEL = {"in_dim": 1024, "hidden": 2048, "depth": 4, "out_dim": 1024}
+# (GPUs visible, ranks): the fallbacks, where the ranks outnumber the GPUs.
+FALLBACKS = ((1, 2), (2, 4))
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def world_sizes(gpus: int) -> list[int]:
+    return sorted({w for w in (1, 2, 4, 8, gpus) if 1 <= w <= gpus})
+
+
+def largest_power_of_two(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def environment() -> list[str]:
+    """What the wheel and the GPUs are, in a few Vietnamese lines."""
+    archs = torch.cuda.get_arch_list()
+    try:
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    except (AttributeError, RuntimeError):  # a wheel built without NCCL
+        nccl = "không có"
+    lines = [f"torch {torch.__version__}, CUDA {torch.version.cuda}, NCCL {nccl}",
+             f"kiến trúc CUDA trong bản torch này: {' '.join(archs)}"]
+    n = torch.cuda.device_count()
+    for i in range(n):
+        major, minor = torch.cuda.get_device_capability(i)
+        sm = f"sm_{major}{minor}"
+        built = sm in archs or any(a.startswith("compute_") and int(a[8:]) <= major * 10 + minor
+                                   for a in archs)
+        lines.append(f"  cuda:{i} {torch.cuda.get_device_name(i)}: {sm}"
+                     f"{'' if built else ' (KHÔNG có trong bản torch này)'}, bf16 gốc: "
+                     f"{'có' if (major, minor) >= (8, 0) else 'không (dùng fp16 + GradScaler)'}")
+    if n >= 2:
+        rows = [" ".join("  -" if i == j else (" có" if torch.cuda.can_device_access_peer(i, j)
+                                                else "  không") for j in range(n))
+                for i in range(n)]
+        lines.append("P2P (hàng: GPU nguồn, cột: GPU đích): " + " | ".join(rows))
+    return lines
+
+
+def predicted_bytes(report: dict, par: Parallel, world_size: int) -> float:
+    param_bytes = 4 * report["num_params"]
+    if par.method == "ddp":
+        return costs.ddp_step_bytes(param_bytes, world_size).total
+    root = 4 * report["root_params"] if par.reshard_after_forward is None else 0
+    return costs.fsdp_step_bytes(param_bytes, world_size, "FULL_SHARD", root_bytes=root).total
+
+
+def run(timeout: float = 240.0) -> list[dict]:
+    gpus = torch.cuda.device_count()
+    rows = []
+    for ws in world_sizes(gpus):
+        for par in (Parallel("ddp"), Parallel("fsdp2")):
+            t0 = time.perf_counter()
+            reports = launch.spawn(measure.measure_step, par, model_kwargs=GPU_MODEL,
+                                   batch_size=32, world_size=ws, backend="nccl",
+                                   timeout=timeout, output="rank0")
+            r0 = reports[0]
+            rows.append({
+                "world_size": ws,
+                "method": par.label,
+                "peak_mib": max(r["peak"].peak for r in reports) / 2**20,
+                "step_ms": 1e3 * statistics.median(r0["step_times"]),
+                "comm_mib": r0["volume"].total / 2**20,
+                "predicted_mib": predicted_bytes(r0, par, ws) / 2**20,
+                "launch_s": time.perf_counter() - t0,
+            })
+    return rows
+
+
+def peak_problems(rows: list[dict]) -> list[str]:
+    """Where FSDP2 does not peak below DDP at the same world size (2 ranks or more)."""
+    by = {(r["world_size"], r["method"].split()[0]): r["peak_mib"] for r in rows}
+    return [f"N = {ws}: FSDP2 {by[ws, 'FSDP2']:.1f} MiB ≥ DDP {by[ws, 'DDP']:.1f} MiB"
+            for ws, m in by if m == "DDP" and ws >= 2 and (ws, "FSDP2") in by
+            and by[ws, "FSDP2"] >= by[ws, "DDP"]]
+
+
+def print_pages(rows: list[dict]) -> bool:
+    for row in rows:
+        print(f"  {'✓' if row['ok'] else '✗'} {row['page']:<22} {row['seconds']:6.1f} s  "
+              f"{row['detail']}")
+    return all(r["ok"] for r in rows)
+
+
+def fallback(visible: int, ranks: int, timeout: float = 600.0) -> bool:
+    """Step 4: ``--fallback ranks`` in a child that sees the first ``visible`` GPUs."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(visible))),
+           launch.NO_CUDA_VAR: "1"}
+    print(f"\nDự phòng: {ranks} rank, {visible} GPU nhìn thấy (CUDA_VISIBLE_DEVICES="
+          f"{env['CUDA_VISIBLE_DEVICES']}):", flush=True)
+    proc = subprocess.run([sys.executable, "-m", "dpbook.tools.gpu_check", "--fallback", str(ranks)],
+                          env=env, timeout=timeout, text=True, capture_output=True)
+    print(proc.stdout + proc.stderr[-3000:], end="", flush=True)
+    return proc.returncode == 0
+
+
+def notebooks(jobs: int) -> bool:
+    """Step 5: nbval over every notebook, as ``make test`` runs them."""
+    print(f"\nMọi notebook của sách dưới nbval ({jobs} worker):", flush=True)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-n", str(jobs), "--dist", "loadfile",
+           "--nbval-lax", "-p", "no:cacheprovider", "book"]
+    return subprocess.run(cmd, cwd=ROOT).returncode == 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dpbook.tools.gpu_check")
+    parser.add_argument("--fallback", type=int, metavar="N",
+                        help="chỉ chạy các trang trên N rank với backend launch.spawn tự chọn")
+    parser.add_argument("--no-notebooks", action="store_true", help="bỏ bước chạy mọi notebook")
+    parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        print("Không tìm thấy GPU nào (torch.cuda.is_available() là False): bỏ qua kiểm tra GPU. "
+              "Hãy chạy `make gpu-check` trên máy có GPU NVIDIA và bản PyTorch có CUDA.")
+        return 0
+    if args.fallback is not None:
+        print("  " + launch.describe_mode(args.fallback))
+        return 0 if print_pages(gpu_pages.run_pages(args.fallback, backend="auto")) else 1
+    gpus = torch.cuda.device_count()
+    print("\n".join(environment()))
+    print(launch.describe_mode(gpus))
+    rows = run()
+    header = (f"{'N':>3} {'cách chia':<42} {'peak MiB':>9} {'bước ms':>8} "
+              f"{'giao tiếp MiB':>13} {'dự đoán MiB':>11}")
+    print(header)
+    print("-" * len(header))
+    ok = True
+    for r in rows:
+        match = abs(r["comm_mib"] - r["predicted_mib"]) <= 1e-9 + 1e-6 * r["predicted_mib"]
+        ok &= match
+        print(f"{r['world_size']:>3} {r['method']:<42} {r['peak_mib']:>9.1f} {r['step_ms']:>8.2f} "
+              f"{r['comm_mib']:>13.2f} {r['predicted_mib']:>11.2f}{'' if match else '  ≠'}")
+    print("Giao tiếp: " + ("khớp công thức." if ok else "có dòng không khớp công thức (≠)."))
+    problems = peak_problems(rows)
+    ok &= not problems
+    print("Bộ nhớ đỉnh: " + ("FSDP2 thấp hơn DDP ở mọi N ≥ 2." if not problems
+                             else "; ".join(problems)))
+    world = largest_power_of_two(gpus)
+    print(f"\nĐường chạy của các trang phần 4.2, NCCL, {world} rank:")
+    ok &= print_pages(gpu_pages.run_pages(world, backend="nccl"))
+    for visible, ranks in FALLBACKS:
+        if visible <= gpus:
+            ok &= fallback(visible, ranks)
+    if not args.no_notebooks:
+        ok &= notebooks(args.jobs)
+    print("\nKết quả: " + ("mọi kiểm tra đều đạt." if ok else "CÓ KIỂM TRA TRƯỢT (xem ✗ và ≠ ở trên)."))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Sphinx fixes for the built book (loaded from ``_config.yml``).
+
+No stale numbers: jupyter-cache keys a notebook's outputs on its code cells only, and Sphinx
+re-reads only pages whose source changed; a change in the package the pages import (or in the
+pinned torch) would leave old outputs in the book. The files named by the config value
+``dpbook_execution_inputs`` are hashed (``dpbook.tools.execution_cache``); when the hash differs
+from the one the execution cache, or Sphinx's saved environment, was made for, that one is
+dropped, so every notebook runs again and every page is read again.
+
+sphinx-thebe 0.3 adds its configuration script with ``app.add_js_file`` while documents are
+being read; Sphinx 7 then registers it both in the registry and in the builder, so every page
+declares ``const THEBE_JS_URL`` twice and the browser logs a SyntaxError. Dropping repeated
+script entries per page removes the error without touching either package.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import execution_cache
+
+
+def cache_folder(app) -> Path:
+    """Where myst-nb keeps executed outputs (its default: beside the output folder)."""
+    configured = app.config.nb_execution_cache_path
+    return Path(configured) if configured else Path(app.outdir).parent / ".jupyter_cache"
+
+
+def _drop_stale_outputs(app, config) -> None:
+    inputs = config.dpbook_execution_inputs
+    if not inputs:
+        return
+    app.dpbook_digest = execution_cache.inputs_digest(Path(app.srcdir), inputs)
+    execution_cache.ensure_valid(cache_folder(app), app.dpbook_digest)
+    # Sphinx re-reads only pages whose source changed: its saved environment goes too.
+    if not execution_cache.is_valid(app.doctreedir, app.dpbook_digest):
+        Path(app.doctreedir, "environment.pickle").unlink(missing_ok=True)
+
+
+def _record_inputs(app, exception) -> None:
+    digest = getattr(app, "dpbook_digest", None)
+    if exception is None and digest:
+        execution_cache.stamp(app.doctreedir, digest)
+
+
+def _dedupe_scripts(app, pagename, templatename, context, doctree) -> None:
+    scripts = context.get("script_files")
+    if not scripts:
+        return
+    seen, unique = set(), []
+    for js in scripts:
+        # The two copies differ only in filename None versus "" (both mean an inline script).
+        key = (getattr(js, "filename", None) or "",
+               tuple(sorted(getattr(js, "attributes", {}).items())))
+        if key not in seen:
+            seen.add(key)
+            unique.append(js)
+    scripts[:] = unique
+
+
+def setup(app):
+    app.add_config_value("dpbook_execution_inputs", [], "env")
+    app.connect("config-inited", _drop_stale_outputs)
+    app.connect("build-finished", _record_inputs)
+    app.connect("html-page-context", _dedupe_scripts, priority=900)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

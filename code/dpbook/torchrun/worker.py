@@ -1,0 +1,142 @@
+"""What every torchrun worker of the book does first: read the variables ``torchrun`` set, find
+which ranks share this machine, pick the backend and the GPU, and join the process group
+(``init_from_env``). Every torchrun script of the package (``dpbook.scripts``) starts here, and a
+reader's own script can too.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from ..launch import INIT_BARRIER, device
+from . import BACKEND_VAR
+
+# Variables torchrun sets in every worker; integers first, then strings.
+INT_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+            "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_PORT",
+            "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+STR_VARS = ("MASTER_ADDR", "ROLE_NAME", "TORCHELASTIC_RUN_ID")
+REQUIRED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def read_env(environ: dict | None = None) -> dict:
+    """The torchrun variables of ``environ`` (default: this process), integers parsed.
+
+    Raises ``RuntimeError`` when a variable every launcher must set is missing: the script was
+    then started with plain ``python`` instead of ``torchrun``.
+    """
+    environ = os.environ if environ is None else environ
+    missing = [k for k in REQUIRED if k not in environ]
+    if missing:
+        raise RuntimeError(f"Thiếu biến môi trường {missing}: hãy khởi động bằng torchrun "
+                           "(torchrun --nproc_per_node=N -m ...), không phải bằng python.")
+    env = {k: int(environ[k]) for k in INT_VARS if k in environ}
+    env.update({k: environ[k] for k in STR_VARS if k in environ})
+    return env
+
+
+SAME_HOST_VAR = "DPBOOK_SAME_HOST"  # "1": every agent runs on this host (emulated nodes)
+BACKENDS = ("gloo", "nccl")  # accepted values of BACKEND_VAR (torchrun.run(backend=...) sets it)
+
+
+def host_id() -> str:
+    """What identifies this machine to its peers: the kernel's boot id, shared by every process
+    (containers included) that sees the same GPUs, and unique per machine even where cloned
+    machines share a hostname; the hostname where ``/proc`` does not say."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def ranks_on_this_host(store, rank: int, world_size: int, me: str | None = None) -> list[int]:
+    """The global ranks of the job that run on this machine, in order, learnt through ``store``
+    (each worker publishes its ``host_id`` and reads everyone's). More ranks here than
+    ``LOCAL_WORLD_SIZE`` means several agents share the machine."""
+    me = host_id() if me is None else me
+    store.set(f"dpbook_host/{rank}", me)
+    keys = [f"dpbook_host/{r}" for r in range(world_size)]
+    store.wait(keys)
+    return [r for r, k in enumerate(keys) if store.get(k).decode() == me]
+
+
+def choose_backend(environ: dict, gpus: int,
+                   host_ranks: list[int] | None = None) -> tuple[str, int | None]:
+    """``(backend, cuda index)`` for the worker described by ``environ`` on a host with
+    ``gpus`` GPUs: NCCL with one GPU per worker when there are enough, else gloo on the CPU.
+
+    On a real node a worker owns ``cuda:LOCAL_RANK`` and the node needs ``LOCAL_WORLD_SIZE``
+    GPUs. When several agents share one host to emulate nodes (``host_ranks``, the ranks found on
+    this host, holds more than this agent's workers; or ``DPBOOK_SAME_HOST=1``), two workers with
+    the same ``LOCAL_RANK`` would collide on one GPU, so each owns the GPU of its position among
+    the host's ranks and the host needs one GPU per rank it runs. ``DPBOOK_BACKEND`` forces the
+    backend: ``gloo`` always works, ``nccl`` without enough GPUs is refused."""
+    env = read_env(environ)
+    if environ.get(SAME_HOST_VAR) == "1":
+        host_ranks = list(range(env["WORLD_SIZE"]))
+    if host_ranks is None or len(host_ranks) <= env["LOCAL_WORLD_SIZE"]:
+        needed, index = env["LOCAL_WORLD_SIZE"], env["LOCAL_RANK"]
+    else:
+        needed, index = len(host_ranks), host_ranks.index(env["RANK"])
+    forced = environ.get(BACKEND_VAR, "")
+    if forced and forced not in BACKENDS:
+        raise ValueError(f"{BACKEND_VAR}={forced!r} không hợp lệ: chỉ nhận {' hoặc '.join(BACKENDS)} "
+                         "(hoặc bỏ trống để tự chọn theo số GPU).")
+    if forced == "gloo" or (not forced and gpus < needed):
+        return "gloo", None
+    if gpus < needed:
+        raise RuntimeError(f"{BACKEND_VAR}=nccl cần {needed} GPU trên máy này (một GPU cho mỗi "
+                           f"worker của máy), nhưng chỉ thấy {gpus}. Bỏ {BACKEND_VAR} để chạy "
+                           "gloo trên CPU, hoặc giảm --nproc_per_node.")
+    return "nccl", index
+
+
+_SEEN: dict = {}  # what init_from_env learnt about this process (host_ranks_seen)
+
+
+def init_from_env() -> torch.device:
+    """Join the process group described by torchrun's variables with the backend
+    ``choose_backend`` picks, and return this worker's device (``launch.device()``).
+
+    torchrun keeps one TCPStore (the agent's) for the whole job, and a restarted worker group
+    finds there the keys the previous attempt left: peers' addresses, now dead (with gloo, PyTorch
+    2.13 sometimes connects to them and the restart fails). The store is therefore wrapped in a
+    prefix of its own per attempt (``TORCHELASTIC_RESTART_COUNT``), so no worker reads a stale key.
+    The same store tells each worker which ranks share its machine, before any GPU is chosen.
+    """
+    # A script started by the reader's own torchrun gets the init barrier too (dpbook.launch).
+    os.environ.update(INIT_BARRIER)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        backend, index = choose_backend(dict(os.environ), gpus)
+        if index is not None:
+            torch.cuda.set_device(index)  # before init: NCCL binds this process to it
+        dist.init_process_group(backend=backend)  # env://: a fresh store, nothing stale
+        return device()
+    timeout = datetime.timedelta(seconds=60)
+    agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                is_master=False, timeout=timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"dpbook_attempt_{attempt}", agent_store)
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    host_ranks = ranks_on_this_host(store, rank, world_size)
+    _SEEN["host_ranks"] = host_ranks
+    backend, index = choose_backend(dict(os.environ), gpus, host_ranks)
+    if index is not None:
+        torch.cuda.set_device(index)
+    kwargs = {"device_id": torch.device("cuda", index)} if index is not None else {}
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=timeout, **kwargs)
+    return device()
+
+
+def host_ranks_seen() -> list[int] | None:
+    """The ranks ``init_from_env`` found on this machine (``None`` without the agent's store)."""
+    return _SEEN.get("host_ranks")

@@ -1,0 +1,152 @@
+"""A real DDP run that records its buckets: a worker for ``dpbook.launch.spawn`` that wraps the
+bucket demo model (``models.BucketNet``) in DDP with given caps and time-stamps, on each rank,
+when every gradient is ready and when each bucket's AllReduce is launched and finishes.
+
+The worker lives here, at module top level, so that the spawn start method can import it by
+name; ``dpbook.widgets.bucket_timeline.measured_timeline`` turns its traces into a timeline.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..buckets import Param, ddp_named_params, ddp_kwargs, model_params
+from ..models import BUCKET_NET_D_IN, build_bucket_net
+
+DEFAULT_BATCH = 128  # the demo batch, of the real run and of the alpha-beta model alike
+BASELINE_CAP_MB = 1000.0  # larger than the demo model: one bucket
+CAP_CHOICES_MB = (0.02, 0.05, 0.1, 0.2, 0.5)  # the caps the widget offers, all measured below
+
+
+@dataclass(frozen=True)
+class DdpTrace:
+    """One DDP configuration on one rank: the buckets DDP used after warm-up, and the times of
+    one recorded backward (seconds after ``backward()`` was called)."""
+
+    bucket_cap_mb: float | None
+    first_bucket_cap_mb: float | None
+    params: tuple[Param, ...]
+    first_ready_order: tuple[int, ...]  # order seen in iteration 1, the one DDP rebuilds from
+    first_iteration_buckets: tuple[tuple[int, ...], ...]  # before the rebuild
+    buckets: tuple[tuple[int, ...], ...]  # parameter indices per bucket.index()
+    bucket_numel: tuple[int, ...]
+    ready_s: tuple[float, ...]  # per parameter
+    hook_s: tuple[float, ...]  # per bucket: comm hook called (AllReduce launched)
+    done_s: tuple[float, ...]  # per bucket: its future completed
+    backward_s: float
+    baseline_s: float  # the same backward with one bucket (AllReduce after backward)
+    baseline_compute_s: float  # when that run's last gradient was ready
+    world_size: int
+    batch: int
+
+
+class _Recorder:
+    """State of the comm hook and of the gradient hooks during one backward."""
+
+    def __init__(self, n_params: int, world_size: int):
+        self.world_size, self.t0 = world_size, time.perf_counter()
+        self.ready, self.order = [0.0] * n_params, []
+        self.hook, self.done, self.buckets = {}, {}, {}
+        self.index: dict[int, int] = {}  # id(parameter) -> index in DDP's list
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def grad_ready(self, p: torch.Tensor) -> None:
+        i = self.index[id(p)]
+        self.ready[i] = self.now()
+        self.order.append(i)
+
+
+def _comm_hook(rec: _Recorder, bucket):
+    """DDP's default hook (average by AllReduce), plus time stamps and the bucket's contents."""
+    k = bucket.index()
+    rec.hook[k] = rec.now()
+    rec.buckets[k] = (tuple(rec.index[id(p)] for p in bucket.parameters()),
+                      bucket.buffer().numel())
+    buf = bucket.buffer().div_(rec.world_size)
+    fut = dist.all_reduce(buf, async_op=True).get_future()
+
+    def finished(f):
+        rec.done[k] = rec.now()
+        return f.value()[0]
+    return fut.then(finished)
+
+
+def _one_step(ddp, rec: _Recorder, x: torch.Tensor) -> float:
+    # Line the ranks up first: an AllReduce ends only when the slower rank joins it, and a rank
+    # that starts late would make every bucket look slow on the other.
+    dist.barrier()
+    loss = ddp(x).sum()
+    rec.ready, rec.order = [0.0] * len(rec.ready), []
+    rec.hook, rec.done, rec.buckets = {}, {}, {}
+    rec.t0 = time.perf_counter()
+    loss.backward()
+    return rec.now()
+
+
+def _trace_config(rank, world_size, cap, first, batch, warmup, repeats, seed) -> dict:
+    model = build_bucket_net(seed)
+    ddp = nn.parallel.DistributedDataParallel(model, **ddp_kwargs(cap, first))
+    tensors = [p for *_, p in ddp_named_params(model)]
+    rec = _Recorder(len(tensors), world_size)
+    rec.index.update({id(p): i for i, p in enumerate(tensors)})
+    for p in tensors:
+        p.register_post_accumulate_grad_hook(rec.grad_ready)
+    ddp.register_comm_hook(rec, _comm_hook)
+    gen = torch.Generator().manual_seed(seed + rank)
+    steps, first_order, first_buckets = [], None, None
+    for it in range(warmup + repeats):
+        total = _one_step(ddp, rec, torch.randn(batch, BUCKET_NET_D_IN, generator=gen))
+        ddp.zero_grad(set_to_none=True)
+        if it == 0:
+            first_order = tuple(rec.order)
+            first_buckets = tuple(rec.buckets[k][0] for k in sorted(rec.buckets))
+        if it >= warmup:
+            steps.append((total, tuple(rec.ready), dict(rec.hook), dict(rec.done),
+                          dict(rec.buckets)))
+    steps.sort(key=lambda s: s[0])
+    total, ready, hook, done, buckets = steps[len(steps) // 2]  # the median step
+    n = len(buckets)
+    return {"bucket_cap_mb": cap, "first_bucket_cap_mb": first,
+            "first_ready_order": first_order, "first_iteration_buckets": first_buckets,
+            "buckets": tuple(buckets[k][0] for k in range(n)),
+            "bucket_numel": tuple(buckets[k][1] for k in range(n)), "ready_s": ready,
+            "hook_s": tuple(hook[k] for k in range(n)),
+            "done_s": tuple(done[k] for k in range(n)), "backward_s": total}
+
+
+def ddp_bucket_worker(rank: int, world_size: int, configs=((0.1, None),),
+                      batch: int = DEFAULT_BATCH, warmup: int = 2, repeats: int = 5,
+                      seed: int = 0) -> list[DdpTrace]:
+    """Rank function for ``launch.spawn``: for each ``(bucket_cap_mb, first_bucket_cap_mb)``,
+    wrap the demo model in DDP, run ``warmup`` iterations (DDP rebuilds its buckets after the
+    first), then record ``repeats`` backward passes and keep the median one."""
+    params = tuple(model_params(build_bucket_net(seed)))
+    raw = [_trace_config(rank, world_size, cap, first, batch, warmup, repeats, seed)
+           for cap, first in configs]
+    # The no-overlap baseline, measured with the same machinery: a cap larger than the model
+    # gives one bucket, launched when the last gradient is ready.
+    base = _trace_config(rank, world_size, BASELINE_CAP_MB, None, batch, warmup, repeats, seed)
+    return [DdpTrace(params=params, baseline_s=base["backward_s"],
+                     baseline_compute_s=max(base["ready_s"]), world_size=world_size,
+                     batch=batch, **r) for r in raw]
+
+
+MEASURED_CONFIGS = tuple((c, None) for c in CAP_CHOICES_MB) + ((0.1, 0.02),)
+
+
+def measure(configs=MEASURED_CONFIGS, batch: int = DEFAULT_BATCH,
+            world_size: int = 2, **spawn_kwargs) -> dict:
+    """Run ``ddp_bucket_worker`` on ``world_size`` gloo ranks (about 3-5 s here); return rank
+    0's traces keyed by ``(bucket_cap_mb, first_bucket_cap_mb)``."""
+    from ..launch import spawn
+
+    results = spawn(ddp_bucket_worker, tuple(configs), batch, world_size=world_size,
+                    backend="gloo", **spawn_kwargs)
+    return {(t.bucket_cap_mb, t.first_bucket_cap_mb): t for t in results[0]}
