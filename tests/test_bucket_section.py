@@ -11,58 +11,58 @@ from dpbook import buckets as BA
 from dpbook import costs, launch
 from dpbook.averaging import flat_grad, loss_fn
 from dpbook.models import build_bucket_net
-from dpbook.widgets import bucket_timeline as TL
-from dpbook.widgets import buckets as B
+from dpbook import overlap
+from dpbook.widgets import ddp_buckets as B
 
 matplotlib.use("Agg")
 
 
 @pytest.mark.parametrize("n, alpha, beta", [(2, 50e-6, 1e9), (8, 5e-6, 100e9), (64, 1e-6, 2e10)])
 def test_half_size_balances_latency_and_transfer(n, alpha, beta):
-    half = BX.half_size(n, alpha, beta)
+    half = overlap.half_size(n, alpha, beta)
     assert half == pytest.approx(n * alpha * beta)
     t = costs.alpha_beta_time("all_reduce", half, n, alpha, beta)
     assert t == pytest.approx(2 * 2 * (n - 1) * alpha)  # latency == transfer at n_1/2
-    assert BX.transfer_share(half, n, alpha, beta) == pytest.approx(0.5)
+    assert overlap.transfer_share(half, n, alpha, beta) == pytest.approx(0.5)
     for size in (1, 10**3, 10**6, 10**9):
         t = costs.alpha_beta_time("all_reduce", size, n, alpha, beta)
         xfer = costs.ring_bytes("all_reduce", size, n) / beta
-        assert BX.transfer_share(size, n, alpha, beta) == pytest.approx(xfer / t)
+        assert overlap.transfer_share(size, n, alpha, beta) == pytest.approx(xfer / t)
 
 
 def test_transfer_share_edges():
-    assert BX.transfer_share(0) == 0.0
-    assert BX.transfer_share(1e12) > 0.999
-    assert BX.transfer_share(10, alpha=0.0) == 1.0
+    assert overlap.transfer_share(0) == 0.0
+    assert overlap.transfer_share(1e12) > 0.999
+    assert overlap.transfer_share(10, alpha=0.0) == 1.0
 
 
 @pytest.mark.parametrize("kwargs", [dict(world_size=1), dict(alpha=-1.0), dict(bandwidth=0.0),
                                     dict(world_size=2.5)])
 def test_half_size_rejects_bad_arguments(kwargs):
     with pytest.raises(ValueError):
-        BX.half_size(**kwargs)
+        overlap.half_size(**kwargs)
 
 
 def test_transfer_share_rejects_negative_bytes():
     with pytest.raises(ValueError, match="nbytes"):
-        BX.transfer_share(-1)
+        overlap.transfer_share(-1)
 
 
 @pytest.mark.parametrize("cap", [1e-4, 0.02, 0.1, 0.3, None])
 def test_bucket_lower_bound_holds(cap):
     params, order = B.demo_params()
-    tl = TL.alpha_beta_timeline(params, BA.cap_limits(cap), order)
-    bound = BX.bucket_lower_bound(tl)
-    t = [costs.alpha_beta_time("all_reduce", b.nbytes, TL.DEFAULT_WORLD_SIZE, TL.DEFAULT_ALPHA,
-                               TL.DEFAULT_BANDWIDTH) for b in tl.buckets]
+    tl = overlap.alpha_beta_timeline(params, BA.cap_limits(cap), order)
+    bound = overlap.bucket_lower_bound(tl)
+    t = [costs.alpha_beta_time("all_reduce", b.nbytes, overlap.DEFAULT_WORLD_SIZE, overlap.DEFAULT_ALPHA,
+                               overlap.DEFAULT_BANDWIDTH) for b in tl.buckets]
     assert bound == max(tl.compute_end + t[-1], sum(t))
     assert bound <= tl.total + 1e-15
 
 
 def test_cap_sweep_ends_are_the_naive_strategies():
     params, order = B.demo_params()
-    cmp = TL.compare_strategies(params, BA.cap_limits(0.1), order)
-    sweep = BX.cap_sweep(params, order, [1e-4, 0.1, 10.0])
+    cmp = overlap.compare_strategies(params, BA.cap_limits(0.1), order)
+    sweep = overlap.cap_sweep(params, order, [1e-4, 0.1, 10.0])
     assert [n for _, n, _ in sweep] == [len(params), cmp.n_buckets, 1]
     assert [t for _, _, t in sweep] == [cmp.per_param, cmp.buckets, cmp.no_overlap]
 

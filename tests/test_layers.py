@@ -36,33 +36,12 @@ MAX_TOP_LEVEL_MODULES = 22
 MAX_PAGE_IMPORTS = 6
 
 KNOWN: set[str] = {
-    'alias: ch04/p1/04-bucket-overlap.ipynb imports dpbook.buckets as BA',
-    'alias: ch04/p1/04-bucket-overlap.ipynb imports dpbook.pages.bucket_overlap as BX',
-    'alias: ch04/p1/04-bucket-overlap.ipynb imports dpbook.tracing.ddp_buckets as BT',
-    'alias: ch04/p1/04-bucket-overlap.ipynb imports dpbook.widgets.bucket_timeline as TL',
-    'alias: ch04/p1/04-bucket-overlap.ipynb imports dpbook.widgets.buckets as B',
-    'alias: widgets/ddp-buckets.ipynb imports dpbook.buckets as BA',
-    'alias: widgets/ddp-buckets.ipynb imports dpbook.tracing.ddp_buckets as BT',
-    'alias: widgets/ddp-buckets.ipynb imports dpbook.widgets.bucket_timeline as TL',
-    'alias: widgets/ddp-buckets.ipynb imports dpbook.widgets.buckets as B',
-    'cycle: dpbook.widgets.buckets <-> dpbook.widgets.buckets_svg',
-    'cycle: dpbook.widgets.dp_vs_ddp <-> dpbook.widgets.dp_vs_ddp_svg',
-    'cycle: dpbook.widgets.ledger <-> dpbook.widgets.ledger_svg',
     'too many imports: ch04/p1/02-dataparallel.ipynb imports 7 package modules',
     'too many imports: ch04/p1/03-ddp.ipynb imports 7 package modules',
     'too many imports: ch04/p1/04-bucket-overlap.ipynb imports 10 package modules',
     'too many imports: ch04/p1/05-ring-allreduce.ipynb imports 8 package modules',
     'too many imports: ch04/p2/04-torchrun.ipynb imports 7 package modules',
     'too many imports: ch04/p2/bai-a-ddp.ipynb imports 7 package modules',
-    'widget to widget: dpbook.widgets.buckets imports dpbook.widgets.bucket_timeline',
-    'widget to widget: dpbook.widgets.buckets imports dpbook.widgets.buckets_svg',
-    'widget to widget: dpbook.widgets.buckets_svg imports dpbook.widgets.bucket_timeline',
-    'widget to widget: dpbook.widgets.buckets_svg imports dpbook.widgets.buckets',
-    'widget to widget: dpbook.widgets.dp_vs_ddp imports dpbook.widgets.dp_vs_ddp_svg',
-    'widget to widget: dpbook.widgets.dp_vs_ddp_svg imports dpbook.widgets.dp_vs_ddp',
-    'widget to widget: dpbook.widgets.fsdp imports dpbook.widgets.fsdp_frames',
-    'widget to widget: dpbook.widgets.ledger imports dpbook.widgets.ledger_svg',
-    'widget to widget: dpbook.widgets.ledger_svg imports dpbook.widgets.ledger',
 }
 
 

@@ -10,14 +10,14 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 import torch.distributed as dist
-from dpbook.tracing import ddp_buckets as BT
+from dpbook.tracing import ddp_run as BT
 from dpbook import buckets as BA
 from dpbook import costs
 from dpbook.launch import spawn
 from dpbook.models import build_bucket_net
-from dpbook.widgets import bucket_timeline as TL
-from dpbook.widgets import buckets as B
-from dpbook.widgets import buckets_svg as BS
+from dpbook import overlap
+from dpbook.widgets import ddp_buckets as B
+from dpbook.widgets.ddp_buckets import render as BS
 from torch.nn.parallel import distributed as ddp_mod
 
 MIB = 1024 * 1024
@@ -157,7 +157,7 @@ def test_timeline_closed_form():
     # last layer 4*10*3000/1e6 = 0.12 s, then 0.04 s; alpha 0.01 s, 1e5 B/s, N = 2.
     params = [BA.Param("l0.w", "l0", 1000), BA.Param("l1.w", "l1", 3000)]
     kw = {"world_size": 2, "alpha": 0.01, "bandwidth": 1e5, "batch": 10, "flops": 1e6}
-    tl = TL.alpha_beta_timeline(params, [1], **kw)  # one bucket per layer
+    tl = overlap.alpha_beta_timeline(params, [1], **kw)  # one bucket per layer
     assert [(s.name, s.start, s.end) for s in tl.layers] == [("l1", 0, pytest.approx(0.12)),
                                                            ("l0", pytest.approx(0.12),
                                                             pytest.approx(0.16))]
@@ -176,7 +176,7 @@ def test_timeline_closed_form():
                                                  (1e-3, 1e8, 16), (0.0, 1e9, 4)])
 def test_timeline_invariants(cap, alpha, bandwidth, n):
     params, order = B.demo_params()
-    tl = TL.alpha_beta_timeline(params, BA.cap_limits(cap), order, world_size=n, alpha=alpha,
+    tl = overlap.alpha_beta_timeline(params, BA.cap_limits(cap), order, world_size=n, alpha=alpha,
                                bandwidth=bandwidth)
     covered = sorted(i for b in tl.buckets for i in b.params)
     assert covered == list(range(len(params)))
@@ -191,26 +191,26 @@ def test_timeline_invariants(cap, alpha, bandwidth, n):
     assert tl.total >= max(tl.compute_end, comm) - 1e-15
     assert tl.compute_end == pytest.approx(sum(s.end - s.start for s in tl.layers))
     assert tl.compute_end == pytest.approx(
-        4 * BT.DEFAULT_BATCH * sum(p.numel for p in params) / TL.DEFAULT_FLOPS)
+        4 * BT.DEFAULT_BATCH * sum(p.numel for p in params) / overlap.DEFAULT_FLOPS)
 
 
 def test_one_bucket_is_the_no_overlap_baseline():
     params, order = B.demo_params()
     # 1 MiB first bucket > model
-    tl = TL.alpha_beta_timeline(params, BA.cap_limits(None), order)
+    tl = overlap.alpha_beta_timeline(params, BA.cap_limits(None), order)
     assert len(tl.buckets) == 1 and tl.total == pytest.approx(tl.baseline_total)
     nbytes = sum(p.nbytes for p in params)
     assert tl.baseline_total == pytest.approx(tl.compute_end + costs.alpha_beta_time(
-        "all_reduce", nbytes, 2, TL.DEFAULT_ALPHA, TL.DEFAULT_BANDWIDTH))
+        "all_reduce", nbytes, 2, overlap.DEFAULT_ALPHA, overlap.DEFAULT_BANDWIDTH))
 
 
 def test_buckets_win_for_the_defaults():
     params, order = B.demo_params()
-    c = TL.compare_strategies(params, BA.cap_limits(0.1), order)
+    c = overlap.compare_strategies(params, BA.cap_limits(0.1), order)
     assert c.best == "buckets" and c.buckets < c.no_overlap < c.per_param
     assert (c.n_per_param, c.n_buckets) == (len(params), 4) == (22, 4)
     # one AllReduce per parameter: 22 latencies of 2(N-1) alpha each at least
-    assert c.per_param >= 22 * 2 * TL.DEFAULT_ALPHA
+    assert c.per_param >= 22 * 2 * overlap.DEFAULT_ALPHA
 
 
 # ------------------------------------------------------------------------------ frames, SVG
@@ -223,7 +223,7 @@ def _texts(svg: str) -> str:
 
 
 def test_frames_step_through_the_backward():
-    tl = TL.alpha_beta_timeline(*B.demo_params()[:1], BA.cap_limits(0.1), B.demo_params()[1])
+    tl = overlap.alpha_beta_timeline(*B.demo_params()[:1], BA.cap_limits(0.1), B.demo_params()[1])
     frames = B.build_frames(tl)
     assert len(frames) == len(tl.layers) + 2 == 13
     assert set(frames[0].status) == {"empty"} and set(frames[-1].status) == {"done"}
@@ -239,7 +239,7 @@ def test_frames_step_through_the_backward():
 
 
 def test_svg_valid_vietnamese_and_labelled_with_its_source():
-    player = B.build_player(0.05, presentation=True)
+    player = B.player(0.05, presentation=True)
     for f in player.frames:
         text = _texts(f.svg)
         assert unicodedata.is_normalized("NFC", text)
@@ -260,7 +260,7 @@ def _texts_any(svg):
 def _fake_trace(cap=0.1):
     """A measured trace built by hand from the alpha-beta timeline (for renderer tests)."""
     params, order = B.demo_params()
-    tl = TL.alpha_beta_timeline(params, BA.cap_limits(cap), order)
+    tl = overlap.alpha_beta_timeline(params, BA.cap_limits(cap), order)
     return BT.DdpTrace(cap, None, params, order, (tuple(order),),
                       tuple(b.params for b in tl.buckets),
                       tuple(sum(params[i].numel for i in b.params) for b in tl.buckets),
@@ -271,18 +271,18 @@ def _fake_trace(cap=0.1):
 
 def test_measured_source_is_labelled_and_needs_a_trace():
     traces = {(0.1, None): _fake_trace()}
-    player = B.build_player(0.1, source="measured", traces=traces)
+    player = B.player(0.1, source="measured", traces=traces)
     assert all("ĐO trên máy này" in _texts(f.svg) for f in player.frames)
     with pytest.raises(ValueError, match="Chưa đo cấu hình bucket_cap_mb=0.2"):
-        B.build_player(0.2, source="measured", traces=traces)
+        B.player(0.2, source="measured", traces=traces)
     with pytest.raises(ValueError, match="source="):
-        B.build_player(0.1, source="nccl")
+        B.player(0.1, source="nccl")
 
 
 def test_rebuild_is_fast():
     t0 = time.perf_counter()
-    B.build_player(1e-6, presentation=True).to_html()  # 22 buckets: the most frames and bars
-    B.build_player(0.02, world_size=64, alpha_us=1000, bandwidth_gbs=0.1).to_html()
+    B.player(1e-6, presentation=True).to_html()  # 22 buckets: the most frames and bars
+    B.player(0.02, world_size=64, alpha_us=1000, bandwidth_gbs=0.1).to_html()
     assert time.perf_counter() - t0 < 0.5
 
 
@@ -337,7 +337,7 @@ def test_real_ddp_uses_the_computed_buckets(ddp_run):
 @pytest.mark.distributed
 def test_measured_trace_is_consistent(ddp_run):
     for tr in ddp_run[0]:
-        tl = TL.measured_timeline(tr)
+        tl = BT.measured_timeline(tr)
         for b, c in zip(tl.buckets, tl.comms):
             assert c.start >= max(tr.ready_s[i] for i in b.params)  # hook after last gradient
             assert c.end >= c.start

@@ -9,7 +9,7 @@ import pytest
 
 from dpbook import costs
 from dpbook.widgets import dp_vs_ddp as D
-from dpbook.widgets import dp_vs_ddp_svg as S
+from dpbook.widgets.dp_vs_ddp import render as S
 
 M, X, OUT = D.RESNET50_BYTES, D.BATCH_BYTES, D.OUTPUT_BYTES
 
@@ -154,7 +154,7 @@ def test_svg_is_valid_and_vietnamese():
 
 def test_player_builds_fast_for_the_largest_setting():
     t0 = time.perf_counter()
-    player = D.dp_vs_ddp_player(D.MAX_GPUS, buckets=6)
+    player = D.player(D.MAX_GPUS, buckets=6)
     html = player.to_html()
     elapsed = time.perf_counter() - t0
     assert elapsed < 0.5, elapsed

@@ -15,7 +15,7 @@ import pytest
 from dpbook import memory
 from dpbook.tracing import lifecycle
 from dpbook.models import build_mlp
-from dpbook.widgets import fsdp, fsdp_frames
+from dpbook.widgets import fsdp
 from dpbook.style import PALETTE
 
 DEFAULT = "FULL_SHARD (mặc định PyTorch: root không reshard)"
@@ -56,7 +56,7 @@ def test_trace_log_keeps_commlog_behaviour_and_ignores_hooks_outside_it():
 
 
 def test_fmt_bytes():
-    assert fsdp_frames.fmt_bytes(22304) == "22 304 B" and fsdp_frames.fmt_bytes(528) == "528 B"
+    assert fsdp.fmt_bytes(22304) == "22 304 B" and fsdp.fmt_bytes(528) == "528 B"
 
 
 # ------------------------------------------------------------- recorded traces
@@ -138,10 +138,10 @@ def test_root_detail_pytorch_default_keeps_the_root_gathered(traces):
     t = traces[DEFAULT]
     assert t.wrapper == "apply_fsdp2(model, reshard_after_forward=None)"
     assert [e.unit for e in _collectives(t, "all_gather", "backward")] == [2, 1, 0]
-    frames = fsdp_frames.lifecycle_frames(t)
+    frames = fsdp.lifecycle_frames(t)
     # never freed between its forward AllGather and its ReduceScatter
     assert "freed" not in _states(frames, ROOT)
-    assert "freed" in _states(fsdp_frames.lifecycle_frames(traces["FULL_SHARD"]), ROOT)
+    assert "freed" in _states(fsdp.lifecycle_frames(traces["FULL_SHARD"]), ROOT)
 
 
 @pytest.mark.distributed
@@ -189,7 +189,7 @@ def test_mapping_refuses_a_collective_no_unit_explains(traces):
 
 @pytest.mark.distributed
 def test_frame_states_full_shard(traces):
-    frames = fsdp_frames.lifecycle_frames(traces["FULL_SHARD"])
+    frames = fsdp.lifecycle_frames(traces["FULL_SHARD"])
     fwd = ["sharded", "gathered", "computing", "freed", "sharded"]
     bwd = ["gathered", "computing", "gathered", "reduce_scattered"]
     for k in (1, 2):
@@ -208,14 +208,14 @@ def test_frame_states_full_shard(traces):
 
 @pytest.mark.distributed
 def test_frame_states_other_strategies(traces):
-    sgo = fsdp_frames.lifecycle_frames(traces["SHARD_GRAD_OP"])
+    sgo = fsdp.lifecycle_frames(traces["SHARD_GRAD_OP"])
     for k in range(L + 1):
         assert "freed" not in _states(sgo, k)
         assert _states(sgo, k)[:5] == ["sharded", "gathered", "computing", "gathered", "computing"]
-    no = fsdp_frames.lifecycle_frames(traces["NO_SHARD"])
+    no = fsdp.lifecycle_frames(traces["NO_SHARD"])
     assert {u.params for f in no for r in f.ranks for u in r.units} == {"full"}
     assert all("all_reduced" in _states(no, k) for k in range(L + 1))
-    hy = fsdp_frames.lifecycle_frames(traces["HYBRID_SHARD"])
+    hy = fsdp.lifecycle_frames(traces["HYBRID_SHARD"])
     assert all(["reduce_scattered", "all_reduced"] == [s for s in _states(hy, k)
                if s in ("reduce_scattered", "all_reduced")] for k in range(L + 1))
 
@@ -223,7 +223,7 @@ def test_frame_states_other_strategies(traces):
 @pytest.mark.distributed
 def test_memory_bar_agrees_with_measure_and_ledger(traces):
     for t in traces.values():
-        frames = fsdp_frames.lifecycle_frames(t)
+        frames = fsdp.lifecycle_frames(t)
         hybrid = {"shard_size": 2} if t.strategy == "HYBRID_SHARD" else {}
         rest = memory.vram_ledger(P, t.world_size, t.strategy, phase="rest", **hybrid)
         for r, rt in enumerate(t.ranks):
@@ -233,14 +233,14 @@ def test_memory_bar_agrees_with_measure_and_ledger(traces):
             # after optimizer.step(): the resting level of the ledger, as measure sees it
             assert frames[-1].ranks[r].memory.total == rt.state_after.total == rest.state
     n = 2
-    assert fsdp_frames.lifecycle_frames(traces["FULL_SHARD"])[-1].ranks[0].memory.total \
+    assert fsdp.lifecycle_frames(traces["FULL_SHARD"])[-1].ranks[0].memory.total \
         == 16 * P / n
-    assert fsdp_frames.lifecycle_frames(traces["NO_SHARD"])[-1].ranks[0].memory.total == 16 * P
+    assert fsdp.lifecycle_frames(traces["NO_SHARD"])[-1].ranks[0].memory.total == 16 * P
 
 
 @pytest.mark.distributed
 def test_memory_bar_levels_in_closed_form(traces):
-    frames = fsdp_frames.lifecycle_frames(traces["FULL_SHARD"])
+    frames = fsdp.lifecycle_frames(traces["FULL_SHARD"])
     start = 12 * P / 2
     ag1 = next(f for f in frames if f.event.collective == "all_gather" and f.event.unit == 1
                and f.phase == "forward")
@@ -249,7 +249,7 @@ def test_memory_bar_levels_in_closed_form(traces):
     assert ag1.ranks[0].memory.gathered == 4 * (1056 + 132)
     freed = next(f for f in frames if f.event.kind == "forward_post" and f.event.unit == 1)
     assert freed.ranks[0].memory.total == start + 4 * 132
-    sgo = fsdp_frames.lifecycle_frames(traces["SHARD_GRAD_OP"])
+    sgo = fsdp.lifecycle_frames(traces["SHARD_GRAD_OP"])
     end_fwd = [f for f in sgo if f.phase == "forward"][-1]
     # SHARD_GRAD_OP keeps every unit full after forward: shards + 4P of full parameters
     assert end_fwd.ranks[0].memory.total == start + 4 * P
@@ -262,21 +262,21 @@ def test_memory_bar_levels_in_closed_form(traces):
 def test_svg_is_valid_with_vietnamese_labels_and_palette_colours(traces):
     allowed = {c.lower() for c in PALETTE.values()} | {"#111111", "#333333", "#ffffff", "none"}
     for t in traces.values():
-        frames = fsdp_frames.lifecycle_frames(t)
+        frames = fsdp.lifecycle_frames(t)
         for i in (0, len(frames) // 2, len(frames) - 1):
-            svg = fsdp.render(t, frames, i)
+            svg = fsdp.render.render(t, frames, i)
             root = ET.fromstring(svg)
             assert root.tag.endswith("svg") and "font-size" not in svg
             assert unicodedata.normalize("NFC", svg) == svg
             colours = {el.get(a).lower() for el in root.iter() for a in ("fill", "stroke")
                        if el.get(a)}
             assert colours <= allowed, colours - allowed
-        html = fsdp.fsdp_player(t).to_html()
+        html = fsdp.player_for(t).to_html()
         for word in ("Bộ nhớ mỗi rank", "Lượt xuôi", "Lượt ngược", "Rank 0", "Bước tối ưu"):
             assert word in html
         assert all(unicodedata.normalize("NFC", f.caption) == f.caption and f.caption
                    for f in frames)
-    text = fsdp.fsdp_player(traces["FULL_SHARD"]).to_html()
+    text = fsdp.player_for(traces["FULL_SHARD"]).to_html()
     for word in ("giải phóng", "tính gradient", "ReduceScatter", "AllGather", "prefetch"):
         assert word in text
 
@@ -284,9 +284,9 @@ def test_svg_is_valid_with_vietnamese_labels_and_palette_colours(traces):
 @pytest.mark.distributed
 def test_live_rebuild_of_the_largest_setting_is_fast(traces):
     t = traces["HYBRID_SHARD"]  # 4 ranks: the most cells and frames
-    fsdp.fsdp_player(t).to_html()  # warm caches
+    fsdp.player_for(t).to_html()  # warm caches
     t0 = time.perf_counter()
-    html = fsdp.fsdp_player(t, presentation=True).to_html()
+    html = fsdp.player_for(t, presentation=True).to_html()
     assert time.perf_counter() - t0 < 0.5
     assert "dpb-present" in html
     box = fsdp.controls(traces)

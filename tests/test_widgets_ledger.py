@@ -10,7 +10,7 @@ import torch
 from dpbook import memory, shapes
 from dpbook.models import MLP, num_params
 from dpbook.widgets import ledger as L
-from dpbook.widgets import ledger_svg as S
+from dpbook.widgets.ledger import render as S
 from dpbook.style import PALETTE
 
 GB = 1e9
@@ -140,7 +140,7 @@ def test_svg_is_valid_and_vietnamese():
 
 def test_player_builds_fast_for_the_largest_setting():
     t0 = time.perf_counter()
-    player = L.ledger_player("llama-70b", strategies=memory.STRATEGIES,
+    player = L.player("llama-70b", strategies=memory.STRATEGIES,
                              world_sizes=(1, 2, 4, 8, 16, 32, 64, 128), activation_bytes=GB)
     html = player.to_html()
     elapsed = time.perf_counter() - t0

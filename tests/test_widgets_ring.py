@@ -38,7 +38,7 @@ def test_first_step_values():
 
 def test_svg_is_valid_and_vietnamese():
     for f in ring.ring_frames(5):
-        root = ET.fromstring(ring.render(f))
+        root = ET.fromstring(ring.render.render(f))
         assert root.tag.endswith("svg")
         text = " ".join(t.text or "" for t in root.iter() if t.tag.endswith("text"))
         assert "Rank 4" in text and "Byte đã gửi" in text and "Ngây thơ" in text
@@ -46,7 +46,7 @@ def test_svg_is_valid_and_vietnamese():
 
 
 def test_player_html_is_self_contained_and_small():
-    html = ring.ring_player(8, presentation=True).standalone_html()
+    html = ring.player(8, presentation=True).standalone_html()
     assert "http://" not in html.replace("http://www.w3.org/2000/svg", "")
     assert "https://" not in html and "<script src" not in html
     assert len(html.encode()) < 1_000_000
@@ -55,7 +55,7 @@ def test_player_html_is_self_contained_and_small():
 
 def test_rebuild_is_fast():
     t0 = time.perf_counter()
-    ring.ring_player(ring.MAX_RANKS, 1e9).to_html()
+    ring.player(ring.MAX_RANKS, 1e9).to_html()
     assert time.perf_counter() - t0 < 0.5
 
 

@@ -1,6 +1,6 @@
 """DDP's gradient buckets: which gradients DDP packs together, and the order in which the
-reducer launches their AllReduces. Pure functions; the animation is ``dpbook.widgets.buckets``,
-a real run is recorded by ``dpbook.tracing.ddp_buckets``.
+reducer launches their AllReduces. Pure functions; the animation is ``dpbook.widgets.ddp_buckets``,
+a real run is recorded by ``dpbook.tracing.ddp_run``.
 
 What PyTorch does (read in ``torch/nn/parallel/distributed.py`` of torch 2.13 and checked against
 real runs in ``tests/test_widgets_buckets.py``):

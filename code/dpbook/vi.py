@@ -24,12 +24,12 @@ def number(x: float, decimals: int = 0, *, trim: bool = False, group: str = "") 
 
 
 def short(x: float) -> str:
-    """Three significant digits at most, zeros trimmed: ``107,8``, ``6,74``, ``124``."""
+    """Three significant digits at most, zeros trimmed: ``10,8``, ``6,74``, ``124``."""
     return number(x, 0 if x >= 100 else 1 if x >= 10 else 2, trim=True)
 
 
 def nbytes(n: float) -> str:
-    """Bytes with the largest decimal unit that fits: ``107,8 GB``, ``3,2 MB``, ``512 B``."""
+    """Bytes with the largest decimal unit that fits: ``10,8 GB``, ``3,2 MB``, ``512 B``."""
     for unit, scale in (("GB", GB), ("MB", MB), ("KB", KB)):
         if n >= scale:
             return f"{short(n / scale)} {unit}"

@@ -1,13 +1,5 @@
-"""The alpha-beta argument for DDP's buckets (section 4.1.4): pure formulas and two figures.
-
-* ``half_size``: the message size at which a ring AllReduce spends as long on its fixed
-  latency as on moving bytes, ``N * alpha * bandwidth``; ``transfer_share``: the fraction of an
-  AllReduce's time spent moving bytes, ``n / (n + N * alpha * bandwidth)``.
-* ``bucket_lower_bound``: no schedule of a bucketed backward can end before the last bucket's
-  AllReduce, started when the last gradient is ready, nor before every AllReduce ran once.
-* ``cap_sweep``: the alpha-beta step time (``widgets.bucket_timeline``) for a range of caps;
-  ``allreduce_cost_figure`` and ``cap_sweep_figure`` draw the AllReduce cost and that sweep,
-  with Vietnamese labels.
+"""Section 4.1.4 (buckets and overlap): the page's two figures, drawn from ``dpbook.overlap``:
+the cost of one AllReduce against its size, and the step time against the bucket cap.
 """
 
 from __future__ import annotations
@@ -15,54 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..buckets import Param, cap_limits
-from ..checks import int_at_least, non_negative
 from ..costs import alpha_beta_time
-from ..widgets.bucket_timeline import (DEFAULT_ALPHA, DEFAULT_BANDWIDTH, DEFAULT_WORLD_SIZE,
-                                       Timeline, alpha_beta_timeline, compare_strategies)
+from ..overlap import (DEFAULT_ALPHA, DEFAULT_BANDWIDTH, DEFAULT_WORLD_SIZE, cap_sweep,
+                       compare_strategies, half_size)
 from ..style import MIB, PALETTE
-
-
-def _check(world_size: int, alpha: float, bandwidth: float) -> None:
-    int_at_least("world_size", world_size, 2)
-    non_negative("alpha", alpha)
-    if not bandwidth > 0:
-        raise ValueError(f"bandwidth phải dương, nhận được {bandwidth!r}.")
-
-
-def half_size(world_size: int = DEFAULT_WORLD_SIZE, alpha: float = DEFAULT_ALPHA,
-              bandwidth: float = DEFAULT_BANDWIDTH) -> float:
-    """Bytes ``n`` for which ``2(N-1) alpha == 2(N-1)/N * n / bandwidth``: ``N alpha bandwidth``."""
-    _check(world_size, alpha, bandwidth)
-    return world_size * alpha * bandwidth
-
-
-def transfer_share(nbytes: float, world_size: int = DEFAULT_WORLD_SIZE,
-                   alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWIDTH) -> float:
-    """Fraction of a ring AllReduce of ``nbytes`` spent moving bytes (the rest is latency)."""
-    non_negative("nbytes", nbytes)
-    n_half = half_size(world_size, alpha, bandwidth)
-    return nbytes / (nbytes + n_half) if nbytes + n_half > 0 else 0.0
-
-
-def bucket_lower_bound(tl: Timeline, world_size: int = DEFAULT_WORLD_SIZE,
-                       alpha: float = DEFAULT_ALPHA,
-                       bandwidth: float = DEFAULT_BANDWIDTH) -> float:
-    """``max(T_compute + T_AR(last bucket), sum_k T_AR(bucket k))`` for the timeline ``tl``."""
-    _check(world_size, alpha, bandwidth)
-    t = [alpha_beta_time("all_reduce", b.nbytes, world_size, alpha, bandwidth)
-         for b in tl.buckets]
-    return max(tl.compute_end + t[-1], sum(t))
-
-
-def cap_sweep(params: Sequence[Param], order: Sequence[int], caps_mb: Sequence[float],
-              **model) -> list[tuple[float, int, float]]:
-    """``(cap in MiB, number of buckets, alpha-beta step time in s)`` for each cap (the first
-    bucket's cap equal to it, as when ``bucket_cap_mb`` is passed to DDP)."""
-    out = []
-    for cap in caps_mb:
-        tl = alpha_beta_timeline(params, cap_limits(cap), order, **model)
-        out.append((cap, len(tl.buckets), tl.total))
-    return out
 
 
 def allreduce_cost_figure(world_size: int = DEFAULT_WORLD_SIZE, alpha: float = DEFAULT_ALPHA,

@@ -1,5 +1,5 @@
 """Section 4.1.2 (DataParallel): ``torch.nn.DataParallel`` (DP), taken apart on the CPU and
-measured against DDP on GPUs. (The GIL measurement of the same page is ``dpbook.pages.dataparallel``.)
+measured against DDP on GPUs. (The GIL measurement of the same page is ``dpbook.gil``.)
 
 * ``dataparallel_info``: wrap a model the way a reader would and report what DP did with it.
   Without CUDA devices DP keeps ``device_ids`` empty and its ``forward`` just calls the module.

@@ -1,7 +1,7 @@
 """HYBRID_SHARD across (emulated) nodes, as a torchrun target (section 4.2.4).
 
-``torchrun --nnodes=2 --nproc_per_node=2 ... -m dpbook.scripts.hsdp_script OUT_DIR`` (both agents on one
-machine or on two: ``torchrun.worker.init_from_env`` tells them apart) runs, in each
+``torchrun --nnodes=2 --nproc_per_node=2 ... -m dpbook.scripts.hsdp_script OUT_DIR`` (both
+agents on one machine or on two: ``torchrun.worker.init_from_env`` tells them apart) runs, in each
 worker: join the process group from torchrun's variables; for each method (FSDP2 ``fully_shard``
 on a 2-D mesh, FSDP1 ``HYBRID_SHARD``), shard the chapter's MLP inside each node and replicate
 it across nodes, train it a few steps (float64), and record the collectives of one more step

@@ -1,8 +1,8 @@
 """What ``torchrun`` tells each worker (section 4.2.4), as a torchrun target.
 
 ``torchrun --nnodes=2 --nproc_per_node=2 ... -m dpbook.scripts.torchrun_env`` starts workers
-that join one process group from the variables ``torchrun`` set (``torchrun.worker.init_from_env``), check it with
-one AllReduce and print one JSON line each, tagged ``TAG``: the variables, the host, the process
+that join one process group from the variables ``torchrun`` set
+(``torchrun.worker.init_from_env``), check it with one AllReduce and print one JSON line each, tagged ``TAG``: the variables, the host, the process
 id, the backend and the device. Both agents may run on one machine (two terminals, emulated
 nodes): the workers find that out through the agent's store and share the GPUs without
 collision, no variable needed. ``dpbook.torchrun.json_records`` reads those lines back from

@@ -14,24 +14,24 @@ from .player import Player
 
 def catalogue() -> list[tuple[str, str, Callable[[bool], Player]]]:
     """(file stem, Vietnamese title, factory(presentation)) in the order the chapter teaches."""
-    from . import buckets, dp_vs_ddp, fsdp, ledger, ring
+    from . import ddp_buckets, dp_vs_ddp, fsdp, ledger, ring
 
     return [
         ("dp-vs-ddp", "DataParallel và DDP: một vòng lặp huấn luyện",
-         lambda p: dp_vs_ddp.dp_vs_ddp_player(4, presentation=p)),
-        ("ring-allreduce-4", "Ring AllReduce với 4 rank", lambda p: ring.ring_player(4, presentation=p)),
-        ("ring-allreduce-8", "Ring AllReduce với 8 rank", lambda p: ring.ring_player(8, presentation=p)),
+         lambda p: dp_vs_ddp.player(4, presentation=p)),
+        ("ring-allreduce-4", "Ring AllReduce với 4 rank", lambda p: ring.player(4, presentation=p)),
+        ("ring-allreduce-8", "Ring AllReduce với 8 rank", lambda p: ring.player(8, presentation=p)),
         ("ddp-buckets", "Bucket của DDP và chồng lấp tính toán – giao tiếp",
-         lambda p: buckets.build_player(0.1, presentation=p)),
+         lambda p: ddp_buckets.player(0.1, presentation=p)),
         ("ddp-buckets-so-sanh", "Vì sao dùng bucket: so sánh ba cách AllReduce",
-         lambda p: buckets.comparison_player(0.1, presentation=p)),
+         lambda p: ddp_buckets.comparison_player(0.1, presentation=p)),
         # The FSDP lifecycle replays a trace of a real run: these two record one each (~2 s).
         ("fsdp-full-shard", "Vòng đời shard của FSDP: FULL_SHARD",
          lambda p: fsdp.player("FULL_SHARD", presentation=p)),
         ("fsdp-shard-grad-op", "Vòng đời shard của FSDP: SHARD_GRAD_OP",
          lambda p: fsdp.player("SHARD_GRAD_OP", presentation=p)),
         ("so-ke-toan-vram", "Sổ kế toán VRAM: LLaMA-7B theo số GPU",
-         lambda p: ledger.ledger_player("llama-7b", presentation=p)),
+         lambda p: ledger.player("llama-7b", presentation=p)),
     ]
 
 

@@ -1,23 +1,17 @@
-"""VRAM ledger calculator, the SVG renderer: one ``LedgerFrame`` (``ledger``) as stacked bars.
-
-Each bar is one strategy's bytes per rank, stacked by kind (parameters, gradients, optimizer
-state, activations); dashed lines mark the GPU sizes and a table under the bars says on which
-GPU each bar fits. All frames of a player share one y-axis (``axis_top``), so bars visibly
-shrink as the world grows. This module only draws; every number comes from the frame.
+"""A VRAM-ledger frame as SVG: stacked bars per GPU (parameters, gradients, optimizer state,
+activations) against the cards' capacities, and the table of which card each fits.
 """
 
 from __future__ import annotations
 
-from .. import vi
-from ..style import GB, KB, MB
-from .ledger import Bar, LedgerFrame
-from ..style import PALETTE
-from .svg import Svg
+from ... import vi
+from ...style import GB, KB, MB, PALETTE
+from ..svg import Svg
+from .frames import Bar, LedgerFrame
 
 # The kinds of bytes, bottom to top in a bar: (Ledger field, legend label, palette colour).
 KINDS = (("params", "tham số", "blue"), ("grads", "gradient", "orange"),
          ("optimizer", "trạng thái bộ tối ưu", "green"), ("activations", "activation", "purple"))
-
 W, PLOT_X0, PLOT_X1, PLOT_Y0, PLOT_Y1 = 1000, 105, 925, 100, 410
 
 

@@ -26,18 +26,16 @@ The GIL is drawn as one lock that DP's threads take in turn for the Python side 
 That is a picture, not a timing: real threads swap the GIL every few milliseconds. Backward runs
 in autograd's C++ threads, which release the GIL.
 
-The SVG renderer (``render``) lives in ``dp_vs_ddp_svg``; this module keeps the model, the
-static player and the live controls.
-"""
+The SVG renderer is ``widgets.dp_vs_ddp.render``; the player and the live controls are in the
+package's ``__init__``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import vi
-from ..checks import int_at_least, non_negative
-from ..costs import naive_all_reduce_bytes, ring_bytes
-from .player import Frame, Player
+from ... import vi
+from ...checks import int_at_least, non_negative
+from ...costs import naive_all_reduce_bytes, ring_bytes
 
 HOST = -1  # the CPU's memory, as a transfer endpoint
 MAX_GPUS = 8
@@ -233,43 +231,3 @@ def _backward_steps(dp: _Tally, ddp: _Tally, n: int, m: float, o: float, b: int)
         f"DP: GPU 0 nhận {n - 1} bản gradient đầy đủ, lưu lượng tăng theo N. DDP: Ring AllReduce, "
         f"mỗi GPU gửi 2(N-1)/N bucket, gần như không đổi khi N tăng."))
     return steps
-
-
-# ---------------------------------------------------------------- player and live controls
-
-def dp_vs_ddp_player(world_size: int = 4, *, presentation: bool = False, **sizes) -> Player:
-    """The static player over ``iteration_steps(world_size, **sizes)``."""
-    from .dp_vs_ddp_svg import render
-
-    steps = iteration_steps(world_size, **sizes)
-    top = max(max(s.dp.traffic + s.ddp.traffic) for s in steps)
-    frames = [Frame(render(s, i, len(steps), top), f"{s.phase}. {s.caption} Qua GPU 0 đến giờ: "
-                    f"DP {vi.nbytes(s.dp.traffic[0])}, DDP {vi.nbytes(s.ddp.traffic[0])}.")
-              for i, s in enumerate(steps)]
-    return Player(frames, title=f"DP và DDP: một vòng lặp trên {world_size} GPU",
-                  presentation=presentation, interval_ms=2200)
-
-
-def controls(world_size: int = 4):
-    """Live ipywidgets (need a kernel): N, buckets, model/batch/output sizes in MB."""
-    import ipywidgets as w
-
-    from .live import live
-
-    def build(model_mb, input_mb, output_mb, **values):
-        return dp_vs_ddp_player(model_bytes=model_mb * 1e6, input_bytes=input_mb * 1e6,
-                                output_bytes=output_mb * 1e6, **values)
-
-    style = {"description_width": "initial"}
-    mb = lambda v, d: w.BoundedFloatText(v / 1e6, min=0.0, max=1e6, step=1.0,  # noqa: E731
-                                          description=d, style=style)
-    return live(
-        build,
-        world_size=w.IntSlider(world_size, min=2, max=MAX_GPUS, description="Số GPU N",
-                               style=style),
-        buckets=w.IntSlider(3, min=1, max=6, description="Số bucket (DDP)", style=style),
-        model_mb=mb(RESNET50_BYTES, "Mô hình (MB)"),
-        input_mb=mb(BATCH_BYTES, "Batch (MB)"),
-        output_mb=mb(OUTPUT_BYTES, "Đầu ra (MB)"),
-        presentation=w.Checkbox(False, description="Trình chiếu"),
-    )

@@ -1,8 +1,5 @@
-"""The FSDP shard lifecycle widget: the SVG renderer, the static player and live controls.
-
-The frames it draws (each unit on each rank, the memory bars, the captions) are replayed from a
-trace recorded in a real run by ``fsdp_frames``, the pure frame model; this module only draws
-them.
+"""One frame of the FSDP lifecycle as SVG: a row per unit, a column per rank, each shard's
+state, the collective of the event and each rank's memory.
 """
 
 from __future__ import annotations
@@ -10,12 +7,10 @@ from __future__ import annotations
 import html
 import itertools
 
-from ..checks import one_of
-from ..tracing.lifecycle import STRATEGIES, Trace, TraceEvent, record_trace
-from .fsdp_frames import LifecycleFrame, UnitView, fmt_bytes, kb, lifecycle_frames
-from .player import Frame, Player
-from ..style import PALETTE, rank_colour
-from .svg import Svg
+from ...tracing.lifecycle import Trace, TraceEvent
+from ...style import PALETTE, rank_colour
+from ..svg import Svg
+from .frames import LifecycleFrame, UnitView, fmt_bytes, kb, shard_position
 
 # ---------------------------------------------------------------- drawing
 _PHASES = {"rest": "Nghỉ", "forward": "Lượt xuôi", "backward": "Lượt ngược",
@@ -80,16 +75,6 @@ def _summary(trace: Trace, e: TraceEvent) -> str:
             "backward_pre": f"{name} tính gradient", "backward_post": f"{name} xong gradient",
             "optimizer_begin": "optimizer.step()", "step_begin": "trước bước huấn luyện",
             "step_end": "sau bước huấn luyện"}.get(e.kind, "")
-
-
-def shard_position(trace: Trace, rank: int) -> tuple[int, int]:
-    """(shard group, shard index) of ``rank``, read from the groups its AllGathers used."""
-    groups = sorted({e.group_ranks for rt in trace.ranks for e in rt.events
-                     if e.collective == "all_gather" and e.group_ranks})
-    for g, members in enumerate(groups):
-        if rank in members:
-            return g, members.index(rank)
-    return 0, 0  # NO_SHARD: no AllGather, every rank holds the whole unit
 
 
 def _col_w(trace: Trace) -> float:
@@ -225,42 +210,3 @@ def _legend(svg: Svg, trace: Trace, y: float) -> None:
     memory_items = [(box(PALETTE[c]), label if s > 1 else label.replace(" (shard)", ""))
                     for field, label, c in _MEMORY if s > 1 or field != "gathered"]
     _legend_items(svg, 100, y + 48, memory_items)
-
-
-def fsdp_player(trace: Trace, presentation: bool = False) -> Player:
-    """The static player of ``trace``'s lifecycle: every frame as inline SVG."""
-    frames = lifecycle_frames(trace)
-    return Player([Frame(render(trace, frames, i), f.caption) for i, f in enumerate(frames)],
-                  title=f"Vòng đời shard FSDP: {trace.label}, {trace.world_size} rank, "
-                        f"{trace.api}: {trace.wrapper} (trace ghi từ một bước chạy thật)",
-                  presentation=presentation)
-
-
-def player(strategy: str = "FULL_SHARD", traces: dict[str, Trace] | None = None,
-           presentation: bool = False) -> Player:
-    """The lifecycle of ``strategy``: drawn from ``traces[strategy]`` when recorded traces are
-    given (``lifecycle.record_traces()``), else from a run recorded now (a few seconds)."""
-    if traces is None:
-        one_of("strategy", strategy, STRATEGIES)
-        return fsdp_player(record_trace(strategy), presentation)
-    one_of("strategy", strategy, tuple(traces))
-    return fsdp_player(traces[strategy], presentation)
-
-
-def controls(traces: dict[str, Trace]):
-    """Live controls over already-recorded traces (``lifecycle.record_traces()``): a strategy menu
-    and a presentation checkbox. Switching redraws from the trace; nothing is re-run."""
-    import ipywidgets as w
-
-    from .live import live
-
-    if not traces:
-        raise ValueError("controls cần ít nhất một trace (dict rỗng); hãy gọi "
-                         "dpbook.tracing.lifecycle.record_traces() trước.")
-
-    def build(strategy: str, presentation: bool) -> Player:
-        return player(strategy, traces, presentation)
-
-    return live(build,
-                strategy=w.Dropdown(options=list(traces), description="Chiến lược"),
-                presentation=w.Checkbox(value=False, description="Trình chiếu"))

@@ -1,9 +1,12 @@
-"""Timelines of one DDP backward pass with buckets: when each layer's gradients are ready and
-when each bucket's AllReduce runs. Pure data, no drawing; ``dpbook.widgets.buckets`` animates it.
+"""Computation against communication in one DDP backward pass: the alpha-beta model of
+section 4.1.4. Pure data, no processes, no drawing.
 
-Times come from one of two sources, and every figure says which: the alpha-beta model
-(``costs.alpha_beta_time``, compute proportional to parameter count) or a trace recorded in a
-real 2-rank gloo run on this machine (``ddp_buckets.measure``).
+``alpha_beta_timeline``: when each layer's gradients are ready (compute proportional to its
+parameter count) and when each bucket's AllReduce runs (``costs.alpha_beta_time``, one at a
+time, as on one communication stream); ``compare_strategies``: one AllReduce per parameter,
+buckets, or one AllReduce after backward. ``half_size``, ``transfer_share``, ``cap_sweep`` and
+``bucket_lower_bound``: the argument for buckets of a few MB. A timeline measured in a real run
+is ``tracing.ddp_run.measured_timeline``.
 """
 
 from __future__ import annotations
@@ -11,11 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .. import vi
-from ..tracing.ddp_buckets import DEFAULT_BATCH, DdpTrace
-from ..buckets import Bucket, Param, assign_buckets, cap_limits
-from ..checks import int_at_least, non_negative
-from ..costs import alpha_beta_time
+from . import vi
+from .buckets import Bucket, Param, assign_buckets, cap_limits
+from .checks import int_at_least, non_negative
+from .costs import alpha_beta_time
 
 # Alpha-beta defaults, calibrated on this 2-core machine with each operation run ALONE: gloo
 # all-reduces 4 bytes between 2 ranks in ~110 us (= 2 alpha) and 0.54 MB in ~0.65 ms
@@ -25,6 +27,7 @@ DEFAULT_ALPHA = 50e-6  # s per message step
 DEFAULT_BANDWIDTH = 1e9  # bytes/s
 DEFAULT_FLOPS = 50e9  # FLOP/s of the backward pass, per rank
 DEFAULT_WORLD_SIZE = 2
+DEFAULT_BATCH = 128  # the demo batch, of the real run and of the alpha-beta model alike
 
 
 @dataclass(frozen=True)
@@ -152,23 +155,44 @@ def compare_strategies(params: Sequence[Param], limits: Sequence[int],
                       len(buck.buckets), limits[-1], buck.label)
 
 
-def measured_timeline(tr: DdpTrace) -> Timeline:
-    """The recorded backward as a ``Timeline``: a layer ends when its last gradient is ready,
-    a bucket's AllReduce runs from its hook call to its future's completion."""
-    params = tr.params
-    buckets = tuple(Bucket(k, ix, sum(params[i].nbytes for i in ix), 0)  # limit: not recorded
-                    for k, ix in enumerate(tr.buckets))
-    seq = sorted(range(len(params)), key=lambda i: tr.ready_s[i])
-    layers, t = [], 0.0
-    for name, _, ix in layer_times(params, seq):
-        end = max(tr.ready_s[i] for i in ix)
-        layers.append(LayerSpan(name, t, end, ix))
-        t = end
-    comms = tuple(CommSpan(k, max(tr.ready_s[i] for i in ix), tr.hook_s[k], tr.done_s[k])
-                  for k, ix in enumerate(tr.buckets))
-    label = (f"Thời gian: ĐO trên máy này (gloo, {tr.world_size} rank CPU, batch {tr.batch}, "
-             "một bước sau khởi động, rank 0)")
-    limits = cap_limits(tr.bucket_cap_mb, tr.first_bucket_cap_mb)
-    return Timeline("measured", label, params, buckets, tuple(layers), comms, tr.ready_s,
-                    t, tr.backward_s, tr.baseline_s, (limits[0], limits[1]),
-                    tr.baseline_compute_s)
+def _check(world_size: int, alpha: float, bandwidth: float) -> None:
+    int_at_least("world_size", world_size, 2)
+    non_negative("alpha", alpha)
+    if not bandwidth > 0:
+        raise ValueError(f"bandwidth phải dương, nhận được {bandwidth!r}.")
+
+
+def half_size(world_size: int = DEFAULT_WORLD_SIZE, alpha: float = DEFAULT_ALPHA,
+              bandwidth: float = DEFAULT_BANDWIDTH) -> float:
+    """Bytes ``n`` for which ``2(N-1) alpha == 2(N-1)/N * n / bandwidth``: ``N alpha bandwidth``."""
+    _check(world_size, alpha, bandwidth)
+    return world_size * alpha * bandwidth
+
+
+def transfer_share(nbytes: float, world_size: int = DEFAULT_WORLD_SIZE,
+                   alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWIDTH) -> float:
+    """Fraction of a ring AllReduce of ``nbytes`` spent moving bytes (the rest is latency)."""
+    non_negative("nbytes", nbytes)
+    n_half = half_size(world_size, alpha, bandwidth)
+    return nbytes / (nbytes + n_half) if nbytes + n_half > 0 else 0.0
+
+
+def bucket_lower_bound(tl: Timeline, world_size: int = DEFAULT_WORLD_SIZE,
+                       alpha: float = DEFAULT_ALPHA,
+                       bandwidth: float = DEFAULT_BANDWIDTH) -> float:
+    """``max(T_compute + T_AR(last bucket), sum_k T_AR(bucket k))`` for the timeline ``tl``."""
+    _check(world_size, alpha, bandwidth)
+    t = [alpha_beta_time("all_reduce", b.nbytes, world_size, alpha, bandwidth)
+         for b in tl.buckets]
+    return max(tl.compute_end + t[-1], sum(t))
+
+
+def cap_sweep(params: Sequence[Param], order: Sequence[int], caps_mb: Sequence[float],
+              **model) -> list[tuple[float, int, float]]:
+    """``(cap in MiB, number of buckets, alpha-beta step time in s)`` for each cap (the first
+    bucket's cap equal to it, as when ``bucket_cap_mb`` is passed to DDP)."""
+    out = []
+    for cap in caps_mb:
+        tl = alpha_beta_timeline(params, cap_limits(cap), order, **model)
+        out.append((cap, len(tl.buckets), tl.total))
+    return out

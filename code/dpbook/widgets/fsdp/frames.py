@@ -1,4 +1,5 @@
-"""The FSDP shard lifecycle, replayed from a trace recorded in a real run (``dpbook.tracing.lifecycle``).
+"""The FSDP shard lifecycle, replayed from a trace recorded in a real run
+(``dpbook.tracing.lifecycle``).
 
 For every unit (each Block, and the root that owns the head) on every rank, the frames show
 the parameters (a shard or the full tensor), the gradient (none, full and not yet reduced, or
@@ -21,15 +22,14 @@ How a trace event changes a unit (per rank):
 The memory bar is ``memory.vram_ledger(..., phase="rest")`` (parameter and optimizer shards,
 plus the gradient shard of each reduced unit) plus, from ``memory.bytes_per_param``, the full
 parameter bytes of each gathered unit and the full gradient bytes of each unit computed but
-not yet reduced. Activations and temporaries are left out on purpose: they are not state.
-"""
+not yet reduced. Activations and temporaries are left out on purpose: they are not state."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import memory, vi
-from ..tracing.lifecycle import Trace, TraceEvent
+from ... import memory, vi
+from ...tracing.lifecycle import Trace, TraceEvent
 
 ACTIVITIES = (None, "all_gather", "forward", "backward", "reduce_scatter", "all_reduce", "free",
               "update")
@@ -285,3 +285,13 @@ def caption(trace: Trace, e: TraceEvent, state, freed) -> str:
     if others:
         text += f" {' và '.join(others)} giải phóng tham số đầy đủ."
     return text.strip()
+
+
+def shard_position(trace: Trace, rank: int) -> tuple[int, int]:
+    """(shard group, shard index) of ``rank``, read from the groups its AllGathers used."""
+    groups = sorted({e.group_ranks for rt in trace.ranks for e in rt.events
+                     if e.collective == "all_gather" and e.group_ranks})
+    for g, members in enumerate(groups):
+        if rank in members:
+            return g, members.index(rank)
+    return 0, 0  # NO_SHARD: no AllGather, every rank holds the whole unit

@@ -1,16 +1,15 @@
-"""SVG renderer of the DP vs DDP widget: one step of ``dp_vs_ddp.iteration_steps`` as two
-panels (DP above, DDP below), each with the CPU, a box per GPU coloured by its state, DP's single
-GIL, the step's transfers (host copy, fan-out/fan-in over a rail, or ring) and the cumulative
-traffic per GPU on a scale shared by every step."""
+"""One step of the DP-against-DDP animation as SVG: two panels (DataParallel above, DDP
+below), each GPU's state, the transfers of the step and the running traffic.
+"""
 
 from __future__ import annotations
 
 import html
 
-from .dp_vs_ddp import HOST, STATES, Side, Step, Transfer
-from .. import vi
-from ..style import PALETTE
-from .svg import Svg
+from ... import vi
+from ...style import PALETTE
+from ..svg import Svg
+from .frames import HOST, STATES, Side, Step, Transfer
 
 W, PANEL_H, ROW_X0, ROW_X1, GAP = 1000, 280, 108, 735, 8
 STATE_FILL = {"compute": "green", "comm": "sky", "idle": "light"}
@@ -153,4 +152,3 @@ def _traffic(svg: Svg, py: float, traffic, top: float) -> None:
             svg.rect(800, y + 0.15 * row, 108 * value / top, 0.7 * row,
                      fill=PALETTE["orange" if k == 0 else "sky"], stroke="#333333", rx=2)
         svg.text(913, y + row / 2, vi.nbytes(value) if value else "0", cls="t-small", anchor="start")
-

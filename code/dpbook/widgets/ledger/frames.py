@@ -10,21 +10,18 @@ Fitting: a configuration fits on a GPU of G GB when the ledger's total per rank 
 G x 10^9 bytes (decimal GB, as the chapter uses). That is optimistic: the CUDA context,
 fragmentation and temporaries are not counted, and activations only if given.
 
-This module also builds the static players (``ledger_player``, ``measured_player``) and the
-live controls; the SVG renderer they use is ``ledger_svg``.
-"""
+The static players (``player``, ``measured_player``) and the live controls are in the package's
+``__init__``; the SVG renderer is ``widgets.ledger.render``."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
-from ..checks import int_at_least, non_negative, one_of
-from ..memory import OPTIMIZERS, PHASES, PRECISIONS, STRATEGIES, Ledger, vram_ledger
-from ..shapes import presets
-from .. import vi
-from ..style import GB, GPUS_GB
-from .player import Frame, Player
+from ... import vi
+from ...checks import int_at_least, non_negative, one_of
+from ...memory import Ledger, OPTIMIZERS, PHASES, PRECISIONS, STRATEGIES, vram_ledger
+from ...shapes import presets
+from ...style import GB, GPUS_GB
 
 WORLD_SIZES = (1, 2, 4, 8, 16, 64)
 DEFAULT_STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
@@ -83,8 +80,6 @@ def _grouped(bars, gpus_gb) -> str:
                      for g in groups.values())
 
 
-# ---------------------------------------------------------------- the frame model (data only)
-
 def ledger_frames(preset: str = "llama-7b", *, world_sizes=WORLD_SIZES,
                   strategies=DEFAULT_STRATEGIES, precision: str = "mixed",
                   optimizer: str = "adam", phase: str = "step", shard_size: int = 8,
@@ -139,56 +134,12 @@ def _check(preset, world_sizes, strategies, precision, optimizer, phase, shard_s
             raise ValueError(f"dung lượng GPU phải là số GB dương, nhận được {g!r}.")
 
 
-# ---------------------------------------------------------------- player and live controls
-
-def ledger_player(preset: str = "llama-7b", *, presentation: bool = False, **kwargs) -> Player:
-    """The static player: one frame per world size (``kwargs`` go to ``ledger_frames``)."""
-    from .ledger_svg import axis_top, render
-
-    frames = ledger_frames(preset, **kwargs)
-    top = axis_top(frames)
-    label = presets()[preset].label
-    return Player([Frame(render(f, top), f.caption) for f in frames],
-                  title=f"Sổ kế toán VRAM mỗi rank: {label}, N = "
-                        + ", ".join(str(f.world_size) for f in frames),
-                  presentation=presentation, interval_ms=1800)
-
-
-def controls(preset: str = "llama-7b"):
-    """Live ipywidgets (need a kernel): model, precision, optimizer, phase, strategies…"""
-    import ipywidgets as w
-
-    from .live import live
-
-    def build(activation_gb, **values):
-        return ledger_player(activation_bytes=activation_gb * GB, **values)
-
-    dd = functools.partial(w.Dropdown, style={"description_width": "initial"})
-    return live(
-        build,
-        preset=dd(options=[(p.label, k) for k, p in presets().items()], value=preset,
-                  description="Mô hình"),
-        precision=dd(options=PRECISIONS, value="mixed", description="Độ chính xác"),
-        optimizer=dd(options=OPTIMIZERS, value="adam", description="Bộ tối ưu"),
-        phase=dd(options=[("lúc nghỉ (rest)", "rest"), ("trong bước (step)", "step")],
-                 value="step", description="Thời điểm"),
-        shard_size=dd(options=(1, 2, 4, 8), value=8, description="shard_size (HYBRID)"),
-        activation_gb=w.BoundedFloatText(0.0, min=0.0, max=10_000.0, step=1.0,
-                                         description="Activation (GB)"),
-        strategies=w.SelectMultiple(options=STRATEGIES, value=DEFAULT_STRATEGIES, rows=4,
-                                    description="Chiến lược"),
-        presentation=w.Checkbox(False, description="Trình chiếu"),
-    )
-
-
-# ---------------------------------------------------------------- measured against predicted
-
 MEASURED = ("DDP", "NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD")
 
 
 def measured_parallel(strategy: str):
     """The ``train.Parallel`` that realises ``strategy`` in ``measure.measure_step``."""
-    from ..train import Parallel
+    from ...train import Parallel
 
     one_of("strategy", strategy, MEASURED)
     return Parallel("ddp") if strategy == "DDP" else Parallel("fsdp1", strategy=strategy)
@@ -221,11 +172,3 @@ def measured_frame(results: dict, world_size: int = 2) -> LedgerFrame:
                "(phải).")
     return LedgerFrame(f"Đo được so với dự đoán: N = {world_size}, fp32, Adam", world_size,
                        tuple(bars), (), caption)
-
-
-def measured_player(results: dict, world_size: int = 2, presentation: bool = False) -> Player:
-    """One frame: ``measured_frame`` in the static player."""
-    from .ledger_svg import render
-
-    f = measured_frame(results, world_size)
-    return Player([Frame(render(f), f.caption)], title=f.title, presentation=presentation)

@@ -1,9 +1,5 @@
-"""The SVG renderer of the DDP-bucket animation (``dpbook.widgets.buckets``): one frame (the
-buckets filling, the backward and AllReduce timelines, the no-overlap baseline) and the three-bar
-comparison of the gradient-synchronisation strategies.
-
-Pure drawing: the frames come from ``dpbook.widgets.buckets``, their times from
-``dpbook.widgets.bucket_timeline``.
+"""A DDP-bucket frame as SVG: the buckets filling, the layers' backward and the AllReduces on a
+time axis; and the three-strategy comparison.
 """
 
 from __future__ import annotations
@@ -11,15 +7,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .. import vi
-from ..style import MIB
-from .bucket_timeline import CommSpan, Comparison, Timeline
-from .buckets import EPS, StepFrame
-from ..style import PALETTE
-from .svg import Svg
+from ... import vi
+from ...overlap import CommSpan, Comparison, Timeline
+from ...style import MIB, PALETTE
+from ..svg import Svg
+from .frames import EPS, StepFrame
 
 _BUCKET_COLOURS = ("sky", "orange", "green", "purple", "yellow", "vermillion", "blue")
-
 W, H = 1000, 600
 X0, X1 = 185, 975  # time axis
 Y_BUCKETS, Y_COMP, Y_COMM, Y_BASE, Y_AXIS = 96, 228, 318, 398, 470

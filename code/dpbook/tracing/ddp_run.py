@@ -3,7 +3,7 @@ bucket demo model (``models.BucketNet``) in DDP with given caps and time-stamps,
 when every gradient is ready and when each bucket's AllReduce is launched and finishes.
 
 The worker lives here, at module top level, so that the spawn start method can import it by
-name; ``dpbook.widgets.bucket_timeline.measured_timeline`` turns its traces into a timeline.
+name; ``measured_timeline`` turns its traces into a ``dpbook.overlap.Timeline``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..buckets import Param, ddp_named_params, ddp_kwargs, model_params
+from ..buckets import Bucket, Param, cap_limits, ddp_kwargs, ddp_named_params, model_params
 from ..models import BUCKET_NET_D_IN, build_bucket_net
+from ..overlap import DEFAULT_BATCH, CommSpan, LayerSpan, Timeline, layer_times
 
-DEFAULT_BATCH = 128  # the demo batch, of the real run and of the alpha-beta model alike
 BASELINE_CAP_MB = 1000.0  # larger than the demo model: one bucket
 CAP_CHOICES_MB = (0.02, 0.05, 0.1, 0.2, 0.5)  # the caps the widget offers, all measured below
 
@@ -150,3 +150,25 @@ def measure(configs=MEASURED_CONFIGS, batch: int = DEFAULT_BATCH,
     results = spawn(ddp_bucket_worker, tuple(configs), batch, world_size=world_size,
                     backend="gloo", **spawn_kwargs)
     return {(t.bucket_cap_mb, t.first_bucket_cap_mb): t for t in results[0]}
+
+
+def measured_timeline(tr: DdpTrace) -> Timeline:
+    """The recorded backward as a ``Timeline``: a layer ends when its last gradient is ready,
+    a bucket's AllReduce runs from its hook call to its future's completion."""
+    params = tr.params
+    buckets = tuple(Bucket(k, ix, sum(params[i].nbytes for i in ix), 0)  # limit: not recorded
+                    for k, ix in enumerate(tr.buckets))
+    seq = sorted(range(len(params)), key=lambda i: tr.ready_s[i])
+    layers, t = [], 0.0
+    for name, _, ix in layer_times(params, seq):
+        end = max(tr.ready_s[i] for i in ix)
+        layers.append(LayerSpan(name, t, end, ix))
+        t = end
+    comms = tuple(CommSpan(k, max(tr.ready_s[i] for i in ix), tr.hook_s[k], tr.done_s[k])
+                  for k, ix in enumerate(tr.buckets))
+    label = (f"Thời gian: ĐO trên máy này (gloo, {tr.world_size} rank CPU, batch {tr.batch}, "
+             "một bước sau khởi động, rank 0)")
+    limits = cap_limits(tr.bucket_cap_mb, tr.first_bucket_cap_mb)
+    return Timeline("measured", label, params, buckets, tuple(layers), comms, tr.ready_s,
+                    t, tr.backward_s, tr.baseline_s, (limits[0], limits[1]),
+                    tr.baseline_compute_s)

@@ -1,0 +1,104 @@
+"""The DDP-bucket animation: ``frames`` (pure model), ``render`` (SVG), the static ``player``
+(and ``comparison_player``: three ways to synchronise gradients) and the live ``controls``.
+
+The buckets themselves come from ``dpbook.buckets`` (the same assignment as PyTorch's), the times
+from ``dpbook.overlap`` (alpha-beta model) or a run recorded by ``dpbook.tracing.ddp_run``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ... import vi
+from ...tracing.ddp_run import CAP_CHOICES_MB, measured_timeline
+from ...buckets import cap_limits
+from ...checks import non_negative, one_of
+from ...overlap import (DEFAULT_ALPHA, DEFAULT_BANDWIDTH, DEFAULT_BATCH, DEFAULT_WORLD_SIZE,
+                        Timeline, alpha_beta_timeline, compare_strategies)
+from ..player import Frame, Player
+
+# The public names of the frame model, at the package level (``render`` stays the module).
+from .frames import (FIRST_CAP_CHOICES_MB, SOURCES, BucketStatus, StepFrame, EPS, bucket_status,
+                     build_frames, demo_params)
+from .render import bucket_colour, comparison_svg, render_frame
+
+__all__ = ["player_for", "player", "controls", "live", "comparison_player", "FIRST_CAP_CHOICES_MB",
+           "SOURCES", "BucketStatus", "StepFrame", "EPS", "bucket_status", "build_frames",
+           "demo_params", "bucket_colour", "render_frame", "comparison_svg"]
+
+
+def player_for(tl: Timeline, presentation: bool = False) -> Player:
+    frames = [Frame(render_frame(f), f.caption) for f in build_frames(tl)]
+    title = ("Bucket của DDP và chồng lấp — "
+             + ("mô hình alpha-beta" if tl.source == "alpha-beta" else "đo trên máy này"))
+    return Player(frames, title=title, presentation=presentation)
+
+
+def player(bucket_cap_mb: float | None = 0.1, first_bucket_cap_mb: float | None = None,
+           source: str = "alpha-beta", *, traces: dict | None = None,
+           alpha_us: float = DEFAULT_ALPHA * 1e6,
+           bandwidth_gbs: float = DEFAULT_BANDWIDTH / 1e9,
+           world_size: int = DEFAULT_WORLD_SIZE, batch: int = DEFAULT_BATCH,
+           presentation: bool = False) -> Player:
+    """The player for the demo model. ``source="measured"`` needs ``traces`` from ``measure``
+    holding this ``(bucket_cap_mb, first_bucket_cap_mb)``."""
+    one_of("source", source, SOURCES)
+    limits = cap_limits(bucket_cap_mb, first_bucket_cap_mb)
+    if source == "measured":
+        key = (bucket_cap_mb, first_bucket_cap_mb)
+        if not traces or key not in traces:
+            have = sorted(traces or {}, key=str)
+            raise ValueError(f"Chưa đo cấu hình bucket_cap_mb={bucket_cap_mb}, "
+                             f"first_bucket_cap_mb={first_bucket_cap_mb}; các cấu hình đã đo: "
+                             f"{have or 'không có (hãy chạy measure())'}.")
+        return player_for(measured_timeline(traces[key]), presentation)
+    non_negative("alpha_us", alpha_us)
+    if not bandwidth_gbs > 0:
+        raise ValueError(f"bandwidth_gbs phải dương, nhận được {bandwidth_gbs!r}.")
+    params, order = demo_params()
+    tl = alpha_beta_timeline(params, limits, order, world_size=world_size, alpha=alpha_us * 1e-6,
+                             bandwidth=bandwidth_gbs * 1e9, batch=batch)
+    return player_for(tl, presentation)
+
+
+def controls(traces: dict | None = None):
+    """Live controls (need a kernel): caps, the time source (if ``traces`` is given), the
+    alpha-beta constants, N, presentation mode."""
+    import ipywidgets as w
+
+    caps = [(f"{vi.number(c, 2)} MiB", c) for c in CAP_CHOICES_MB] + [("None (DDP: 25 MiB)", None)]
+    firsts = [("= bucket_cap_mb", None)] + [(f"{vi.number(c, 2)} MiB", c) for c in FIRST_CAP_CHOICES_MB]
+    ctl = {
+        "bucket_cap_mb": w.Dropdown(options=caps, value=0.1, description="bucket_cap_mb"),
+        "first_bucket_cap_mb": w.Dropdown(options=firsts, value=None, description="bucket đầu"),
+        "alpha_us": w.FloatLogSlider(value=DEFAULT_ALPHA * 1e6, base=10, min=0, max=3,
+                                     step=0.1, description="α (µs)"),
+        "bandwidth_gbs": w.FloatLogSlider(value=DEFAULT_BANDWIDTH / 1e9, base=10, min=-1,
+                                          max=2, step=0.1, description="GB/s"),
+        "world_size": w.IntSlider(value=DEFAULT_WORLD_SIZE, min=2, max=64, description="N"),
+        "presentation": w.Checkbox(value=False, description="trình chiếu"),
+    }
+    if traces:
+        ctl["source"] = w.Dropdown(options=[("mô hình alpha-beta", "alpha-beta"),
+                                            ("đo trên máy này", "measured")],
+                                   value="alpha-beta", description="thời gian")
+    return live(functools.partial(player, traces=traces), **ctl)
+
+
+def live(build, **ctl):  # indirection so tests can import this module without ipywidgets
+    from ..live import live as _live
+    return _live(build, **ctl)
+
+
+def comparison_player(bucket_cap_mb: float | None = 0.1, presentation: bool = False,
+                      **model) -> Player:
+    """``compare_strategies`` on the demo model, as a one-frame player."""
+    params, order = demo_params()
+    c = compare_strategies(params, cap_limits(bucket_cap_mb), order, **model)
+    names = {"per_param": "mỗi tham số một AllReduce", "buckets": "bucket",
+             "no_overlap": "một AllReduce sau backward"}
+    caption = (f"Nhanh nhất: {names[c.best]}. Mỗi AllReduce tốn một độ trễ cố định, nên "
+               f"{c.n_per_param} AllReduce nhỏ cộng lại đắt; một AllReduce duy nhất thì phải "
+               "chờ backward xong mới chạy. Bucket vừa ít lần gửi vừa chồng lên backward.")
+    return Player([Frame(comparison_svg(c), caption)], title="So sánh ba cách đồng bộ gradient",
+                  presentation=presentation)
