@@ -39,9 +39,7 @@ KNOWN: set[str] = {
     'too many imports: ch04/p1/02-dataparallel.ipynb imports 7 package modules',
     'too many imports: ch04/p1/03-ddp.ipynb imports 7 package modules',
     'too many imports: ch04/p1/04-bucket-overlap.ipynb imports 10 package modules',
-    'too many imports: ch04/p1/05-ring-allreduce.ipynb imports 8 package modules',
-    'too many imports: ch04/p2/04-torchrun.ipynb imports 7 package modules',
-    'too many imports: ch04/p2/bai-a-ddp.ipynb imports 7 package modules',
+    'too many imports: ch04/p1/05-ring-allreduce.ipynb imports 7 package modules',
 }
 
 

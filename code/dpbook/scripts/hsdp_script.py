@@ -69,6 +69,14 @@ def traffic_by_group(records: list) -> dict[tuple[int, ...], dict[str, float]]:
     return out
 
 
+def single_process_reference(summary: dict) -> dict[str, torch.Tensor]:
+    """The weights one process reaches on the same global batches as the run that printed
+    ``summary`` (each of its ``world_size`` ranks trained on ``batch_size`` samples a step)."""
+    ref = fit(0, 1, None, steps=summary["steps"],
+              batch_size=summary["world_size"] * summary["batch_size"])
+    return ref["state"]
+
+
 def max_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     """Largest absolute difference between two state dicts with the same keys."""
     return max((a[k] - b[k]).abs().max().item() for k in a)

@@ -21,7 +21,7 @@ from dpbook.scripts import ddp_script
 from dpbook.pages import fsdp_in_full
 from dpbook.models import build_mlp
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 T4, H100 = (7, 5), (9, 0)  # compute capabilities: no native bf16, native bf16
 
 
