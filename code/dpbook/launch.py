@@ -278,8 +278,9 @@ def _bound_device(backend: str, rank: int) -> dict:
     return {"device_id": torch.device("cuda", rank)} if backend == "nccl" else {}
 
 
-def _leave_groups(backend: str, failed: bool) -> None:
-    """End of a rank: destroy its groups, or abort them under NCCL after a failure."""
+def leave_groups(backend: str, failed: bool) -> None:
+    """End of a rank: destroy its groups, or abort them under NCCL after a failure (torchrun's
+    workers end the same way: ``torchrun.worker.process_group``)."""
     if failed and backend == "nccl":
         _abort_groups()
     else:
@@ -332,7 +333,7 @@ def _child(rank, world_size, backend, store_path, timeout, output, q, env, fn, a
         _report_error(q, rank, exc)
         return
     finally:
-        _leave_groups(backend, failed)
+        leave_groups(backend, failed)
     sys.stdout.flush(), sys.stderr.flush()
     q.put(("result", rank, payload))
 

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .costs import StepVolume, ring_bytes
+from .memory import Ledger
 from .launch import device
 
 # c10d operator -> (collective, argument whose tensors have the *full* size)
@@ -63,6 +64,16 @@ class CommRecord:
     def sent_bytes(self) -> float:
         """What this rank sends for it under the ring algorithm."""
         return ring_bytes(self.collective, self.nbytes, self.group_size)
+
+
+def bytes_by_group(sends) -> dict[tuple[int, ...], dict[str, float]]:
+    """``{group ranks: {collective: bytes sent}}`` from ``(group ranks, collective, bytes sent)``
+    triples: one rank's traffic split by process group, as hybrid sharding needs it."""
+    out: dict[tuple[int, ...], dict[str, float]] = {}
+    for group, collective, sent in sends:
+        per = out.setdefault(tuple(group), {})
+        per[collective] = per.get(collective, 0.0) + sent
+    return out
 
 
 class CommLog(TorchDispatchMode):
@@ -119,6 +130,12 @@ class StateBytes:
     @property
     def total(self) -> int:
         return self.params + self.grads + self.optimizer
+
+    def as_ledger(self) -> Ledger:
+        """The same bytes as a ``memory.Ledger``, to compare with ``vram_ledger``: the state
+        ``measure_step`` reads (fp32, Adam, right after ``optimizer.step()``) is the ledger's
+        ``phase="rest"`` with its defaults."""
+        return Ledger(self.params, self.grads, self.optimizer)
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> StateBytes:

@@ -43,6 +43,26 @@ class Parallel:
         if self.method == "fsdp1" and self.strategy == "HYBRID_SHARD" and self.shard_size is None:
             raise ValueError("HYBRID_SHARD cần shard_size (số rank trong một nhóm shard).")
 
+    @classmethod
+    def for_strategy(cls, strategy: str) -> "Parallel":
+        """The wrapping that realises a ledger strategy of ``dpbook.memory``: DDP, or one of
+        FSDP1's sharding strategies (HYBRID_SHARD needs a ``shard_size``: use the constructor)."""
+        one_of("strategy", strategy, ("DDP",) + FSDP1_STRATEGIES)
+        return cls("ddp") if strategy == "DDP" else cls("fsdp1", strategy=strategy)
+
+    @property
+    def ledger_strategy(self) -> str:
+        """The ``memory.vram_ledger`` / ``costs`` strategy this wrapping realises. FSDP2 with
+        ``reshard_after_forward=False`` keeps parameters gathered between forward and backward,
+        which is SHARD_GRAD_OP; with a ``shard_size`` it is HYBRID_SHARD."""
+        if self.method == "ddp":
+            return "DDP"
+        if self.shard_size is not None:
+            return "HYBRID_SHARD"
+        if self.method == "fsdp1":
+            return self.strategy
+        return "SHARD_GRAD_OP" if self.reshard_after_forward is False else "FULL_SHARD"
+
     @property
     def label(self) -> str:
         if self.method == "fsdp1":

@@ -39,7 +39,7 @@ def test_model_numbers_on_meta():
     (Parallel("fsdp2", shard_size=2), "HYBRID_SHARD"),
     (Parallel("fsdp1", strategy="HYBRID_SHARD", shard_size=2), "HYBRID_SHARD")])
 def test_ledger_strategy(par, strategy):
-    assert compare.ledger_strategy(par) == strategy
+    assert par.ledger_strategy == strategy
 
 
 def test_predict_uses_ledger_and_costs():

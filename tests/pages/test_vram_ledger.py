@@ -46,8 +46,8 @@ def _fake(p, n, shard):
 
 
 def test_compare_rows_and_table():
-    results = {name: _fake(100, 2, strategy not in ("DDP", "NO_SHARD"))
-               for name, _, strategy in vram_ledger.RUNS}
+    results = {name: _fake(100, 2, par.ledger_strategy not in ("DDP", "NO_SHARD"))
+               for name, par in vram_ledger.RUNS}
     rows = vram_ledger.compare_rows(results, 2)
     assert all(r.equal for r in rows) and [r.strategy for r in rows][-1] == "FULL_SHARD"
     results["DDP"] = _fake(100, 2, True)  # a DDP that shards would not match the ledger
@@ -75,7 +75,7 @@ def test_measured_state_equals_the_ledger_on_two_ranks():
                            timeout=180, output="none")
     for res in results:
         rows = vram_ledger.compare_rows(res, 2)
-        assert [r.name for r in rows] == [name for name, _, _ in vram_ledger.RUNS]
+        assert [r.name for r in rows] == [name for name, _ in vram_ledger.RUNS]
         assert all(r.equal for r in rows)
         p = res["DDP"]["num_params"]
         assert rows[0].measured.state == 16 * p and rows[-1].measured.state == 8 * p

@@ -216,7 +216,7 @@ def test_a_failed_nccl_rank_aborts_its_groups_instead_of_destroying_them(monkeyp
     monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group",
                         lambda *a: calls.append("abort"))
     for backend, failed in (("nccl", True), ("nccl", False), ("gloo", True), ("gloo", False)):
-        launch._leave_groups(backend, failed)
+        launch.leave_groups(backend, failed)
     assert calls == ["abort", "destroy", "destroy", "destroy"]
 
 

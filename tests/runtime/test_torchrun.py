@@ -92,3 +92,18 @@ def test_failure_is_reported_with_output(tmp_path):
     assert "hỏng có chủ ý" in str(info.value)
     results = torchrun.run(str(script), module=False, nproc_per_node=1, timeout=60, check=False)
     assert results[0].returncode != 0 and not results[0].ok
+
+
+def test_a_worker_always_leaves_its_group_and_aborts_it_after_a_failure(monkeypatch):
+    from dpbook.torchrun import worker
+
+    left = []
+    monkeypatch.setattr(worker, "init_from_env", lambda: "cpu")
+    monkeypatch.setattr(worker.dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(worker, "leave_groups", lambda backend, failed: left.append((backend, failed)))
+    with worker.process_group() as dev:
+        assert dev == "cpu"
+    with pytest.raises(ValueError):
+        with worker.process_group():
+            raise ValueError("hỏng")
+    assert left == [("nccl", False), ("nccl", True)]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from .. import vi
 from ..checks import int_at_least, one_of
 from ..costs import StepVolume, ddp_step_bytes, fsdp_step_bytes
+from ..measure import bytes_by_group
 from ..memory import Ledger, vram_ledger
 from ..style import EDGE, MB, series_colour
 from ..train import Parallel
@@ -95,17 +96,6 @@ def measure_configs(rank: int, world_size: int, parallels=LAB_B,
     return out
 
 
-def ledger_strategy(par: Parallel) -> str:
-    """The ``vram_ledger`` / ``costs`` strategy that ``par`` realises."""
-    if par.method == "ddp":
-        return "DDP"
-    if par.shard_size is not None:
-        return "HYBRID_SHARD"
-    if par.method == "fsdp1":
-        return par.strategy
-    return "SHARD_GRAD_OP" if par.reshard_after_forward is False else "FULL_SHARD"
-
-
 @dataclass(frozen=True)
 class ModelNumbers:
     """Parameter counts of the MLP that the formulas need."""
@@ -149,7 +139,7 @@ def predict(par: Parallel, num_params: int, world_size: int, root_params: int = 
     """
     int_at_least("num_params", num_params)
     int_at_least("world_size", world_size)
-    strategy = ledger_strategy(par)
+    strategy = par.ledger_strategy
     kw = {"shard_size": par.shard_size} if strategy == "HYBRID_SHARD" else {}
     rest = vram_ledger(num_params, world_size, strategy, **kw)
     step = vram_ledger(num_params, world_size, strategy, phase="step",
@@ -195,11 +185,7 @@ class Row:
 
 def by_group(records) -> dict:
     """Bytes sent per process group (its global ranks) and per collective."""
-    out: dict = {}
-    for r in records:
-        per = out.setdefault(r.group_ranks, {})
-        per[r.collective] = per.get(r.collective, 0.0) + r.sent_bytes
-    return out
+    return bytes_by_group((r.group_ranks, r.collective, r.sent_bytes) for r in records)
 
 
 def collect(results: list, parallels) -> list[Row]:
@@ -218,7 +204,7 @@ def collect(results: list, parallels) -> list[Row]:
         worst = max(per_rank, key=lambda r: r["peak"].peak)
         rows.append(Row(
             par.label, world_size, wl.batch_size * world_size, r0["num_params"],
-            Ledger(st.params, st.grads, st.optimizer), worst["peak"].peak,
+            st.as_ledger(), worst["peak"].peak,
             worst["peak"].method, dict(worst["peak"].breakdown), r0["volume"],
             by_group(r0["records"]), len(r0["records"]),
             max(statistics.median(r["step_times"]) for r in per_rank),

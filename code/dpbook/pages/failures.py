@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ..checks import int_at_least, non_negative, one_of
-from ..data import synthetic_regression
+from ..data import rank_batch, synthetic_regression
 from ..launch import device
 from ..measure import CommLog
 from ..models import build_mlp
@@ -199,8 +199,8 @@ def unused_parameters(rank: int, world_size: int, steps: int = 3, batch_size: in
     x, y = synthetic_regression(steps * batch_size * world_size).tensors
     dev, losses, aux_grad = device(), [], False
     for step in range(steps):
-        s = slice((step * world_size + rank) * batch_size, (step * world_size + rank + 1) * batch_size)
-        loss = nn.functional.mse_loss(model(x[s].to(dev)), y[s].to(dev))
+        xb, yb = rank_batch((x, y), rank, batch_size, dev, start=step * world_size * batch_size)
+        loss = nn.functional.mse_loss(model(xb), yb)
         loss.backward()
         aux_grad |= model.module.aux_head.weight.grad is not None
         optimizer.step()

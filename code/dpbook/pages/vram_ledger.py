@@ -15,30 +15,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checks import int_at_least, one_of
 from .. import style, vi
+from ..checks import int_at_least, one_of
 from ..memory import PRECISIONS, STRATEGIES, Ledger, vram_ledger
 from ..style import GB
+from ..train import Parallel
+from ..widgets import ledger
 
 # 4.1.7 compares three cards: the book's list without the A100 40GB.
 GPUS_GB = tuple(g for g in style.GPUS_GB if g != 40)
 ZERO_STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
 # (name shown, how to wrap, the ledger strategy it realises at rest)
+# (name shown, wrapping); the ledger strategy each realises is ``Parallel.ledger_strategy``.
 RUNS = (
-    ("DDP", ("ddp", None), "DDP"),
-    ("FSDP1 NO_SHARD", ("fsdp1", "NO_SHARD"), "NO_SHARD"),
-    ("FSDP1 SHARD_GRAD_OP", ("fsdp1", "SHARD_GRAD_OP"), "SHARD_GRAD_OP"),
-    ("FSDP1 FULL_SHARD", ("fsdp1", "FULL_SHARD"), "FULL_SHARD"),
-    ("FSDP2 fully_shard", ("fsdp2", None), "FULL_SHARD"),
+    ("DDP", Parallel("ddp")),
+    ("FSDP1 NO_SHARD", Parallel.for_strategy("NO_SHARD")),
+    ("FSDP1 SHARD_GRAD_OP", Parallel.for_strategy("SHARD_GRAD_OP")),
+    ("FSDP1 FULL_SHARD", Parallel.for_strategy("FULL_SHARD")),
+    ("FSDP2 fully_shard", Parallel("fsdp2")),
 )
 KIND_LABELS = (("params", "tham số"), ("grads", "gradient"),
                ("optimizer", "trạng thái bộ tối ưu"), ("activations", "activation"))
-
-
-def _parallel(method: str, strategy: str | None):
-    from ..train import Parallel
-
-    return Parallel(method, strategy=strategy) if strategy else Parallel(method)
 
 
 def ddp_bucket_view_peak(rank: int, world_size: int, batch_size: int = 8, warmup: int = 2):
@@ -68,7 +65,7 @@ def measure_strategies(rank: int, world_size: int, runs=RUNS) -> dict:
     name shown), one launch for the whole page, plus ``"bucket_view_peak"``."""
     from ..measure import measure_step
 
-    out = {name: measure_step(rank, world_size, _parallel(*how)) for name, how, _ in runs}
+    out = {name: measure_step(rank, world_size, par) for name, par in runs}
     out["bucket_view_peak"] = ddp_bucket_view_peak(rank, world_size)
     return out
 
@@ -93,13 +90,10 @@ def compare_rows(results: dict, world_size: int = 2, runs=RUNS) -> list[Row]:
     Adam: ``measure_step`` reads the state right after ``optimizer.step()``)."""
     int_at_least("world_size", world_size)
     rows = []
-    for name, _, strategy in runs:
+    for name, par in runs:
         r = results[name]
-        predicted = vram_ledger(r["num_params"], world_size, strategy, precision="fp32",
-                                optimizer="adam", phase="rest")
-        st = r["state"]
-        rows.append(Row(name, strategy, predicted, Ledger(st.params, st.grads, st.optimizer),
-                        r["peak"].peak))
+        (strategy, predicted, measured), = ledger.compare({par.ledger_strategy: r}, world_size)
+        rows.append(Row(name, strategy, predicted, measured, r["peak"].peak))
     return rows
 
 

@@ -35,7 +35,7 @@ from ..checks import int_at_least, non_negative, one_of
 from ..data import synthetic_regression
 from ..launch import device as rank_device
 from ..models import build_mlp
-from ..torchrun.worker import init_from_env
+from ..torchrun.worker import process_group
 from ..train import amp_dtype, apply_ddp, dtype_name, grad_scaler
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -326,11 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         history = run(0, 1, cfg)
     else:
-        init_from_env()  # NCCL and cuda:LOCAL_RANK if every local process has a GPU, else gloo
-        try:
+        with process_group():  # NCCL and a GPU each if the node has one per process, else gloo
             history = run(dist.get_rank(), dist.get_world_size(), cfg)
-        finally:
-            dist.destroy_process_group()
     if history["rank"] == 0:
         print(f"Xong: {history['world_size']} process, thiết bị {history['device']}, "
               f"autocast {history['amp_dtype'] or 'tắt'}, "

@@ -23,9 +23,9 @@ import torch.distributed as dist
 from .. import torchrun
 from ..checks import int_at_least, one_of
 from ..data import rank_batch, synthetic_regression
-from ..measure import CommLog
+from ..measure import CommLog, bytes_by_group
 from ..models import Block, build_mlp, num_params
-from ..torchrun.worker import init_from_env, read_env
+from ..torchrun.worker import process_group, read_env
 from ..train import Parallel, build_model, fit, train_step
 
 TAG = "DPBOOK_HSDP"
@@ -62,11 +62,8 @@ def step_traffic(rank: int, world_size: int, par: Parallel, batch_size: int) -> 
 def traffic_by_group(records: list) -> dict[tuple[int, ...], dict[str, float]]:
     """Bytes this rank sent in one step, per process group (its global ranks) and collective,
     from the ``records`` of ``step_traffic``."""
-    out: dict[tuple[int, ...], dict[str, float]] = {}
-    for collective, _phase, _nbytes, sent, group in records:
-        per = out.setdefault(tuple(group), {})
-        per[collective] = per.get(collective, 0.0) + sent
-    return out
+    return bytes_by_group((group, collective, sent)
+                          for collective, _phase, _nbytes, sent, group in records)
 
 
 def single_process_reference(summary: dict) -> dict[str, torch.Tensor]:
@@ -144,13 +141,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point under torchrun: join, run, rank 0 prints one JSON line, always leave."""
     args = parse_args(argv)
-    init_from_env()
-    try:
+    with process_group():
         summary = run(args.methods, args.steps, args.batch_size, args.out_dir)
         if summary is not None:
             torchrun.emit(TAG, summary)
-    finally:
-        dist.destroy_process_group()
     return 0
 
 

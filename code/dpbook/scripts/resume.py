@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from ..checks import int_at_least, non_negative
-from ..torchrun.worker import init_from_env
+from ..torchrun.worker import process_group
 
 MARKER = "COMPLETE"  # written by rank 0 after every rank finished its part of a save
 PROGRESS = "progress.jsonl"
@@ -322,8 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(argv)
     if "RANK" not in os.environ:
         raise SystemExit("Hãy chạy bằng torchrun: torchrun --nproc_per_node=2 -m dpbook.scripts.resume …")
-    init_from_env()
-    try:
+    with process_group():
         Path(cfg.ckpt_dir).mkdir(parents=True, exist_ok=True)
         result = train(cfg)
         if dist.get_rank() == 0:
@@ -332,8 +331,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             _write_atomically(Path(cfg.out).with_suffix(".json"), json.dumps(summary, indent=1))
             print(f"Xong: lần chạy {attempt()}, tiếp tục từ bước {result['start']}, "
                   f"đến bước {cfg.steps}.", flush=True)
-    finally:
-        dist.destroy_process_group()
     return 0
 
 

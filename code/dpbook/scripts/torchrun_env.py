@@ -1,9 +1,9 @@
 """What ``torchrun`` tells each worker (section 4.2.4), as a torchrun target.
 
 ``torchrun --nnodes=2 --nproc_per_node=2 ... -m dpbook.scripts.torchrun_env`` starts workers
-that join one process group from the variables ``torchrun`` set
-(``torchrun.worker.init_from_env``), check it with one AllReduce and print one JSON line each, tagged ``TAG``: the variables, the host, the process
-id, the backend and the device. Both agents may run on one machine (two terminals, emulated
+that join one process group from the variables ``torchrun`` set (``torchrun.worker``), check it
+with one AllReduce and print one JSON line each, tagged ``TAG``: the variables, the host, the
+process id, the backend and the device. Both agents may run on one machine (two terminals, emulated
 nodes): the workers find that out through the agent's store and share the GPUs without
 collision, no variable needed. ``dpbook.torchrun.json_records`` reads those lines back from
 the agents' outputs, and ``layout_problems`` checks the rank arithmetic they must obey.
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .. import torchrun
-from ..torchrun.worker import host_ranks_seen, init_from_env, read_env
+from ..torchrun.worker import host_ranks_seen, process_group, read_env
 
 TAG = "DPBOOK_ENV"
 def report(dev: torch.device) -> dict:
@@ -62,11 +62,8 @@ def layout_problems(reports: list[dict]) -> list[str]:
 
 def main() -> int:
     """Entry point under torchrun: join, report one JSON line, always leave the group."""
-    dev = init_from_env()
-    try:
+    with process_group() as dev:
         torchrun.emit(TAG, report(dev))
-    finally:
-        dist.destroy_process_group()
     return 0
 
 

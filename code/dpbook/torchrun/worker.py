@@ -6,6 +6,7 @@ reader's own script can too.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
@@ -13,7 +14,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from ..launch import INIT_BARRIER, device
+from ..launch import INIT_BARRIER, device, leave_groups
 from . import BACKEND_VAR
 
 # Variables torchrun sets in every worker; integers first, then strings.
@@ -140,3 +141,20 @@ def init_from_env() -> torch.device:
 def host_ranks_seen() -> list[int] | None:
     """The ranks ``init_from_env`` found on this machine (``None`` without the agent's store)."""
     return _SEEN.get("host_ranks")
+
+
+@contextlib.contextmanager
+def process_group():
+    """``with process_group() as dev:``: join the group torchrun describes (``init_from_env``)
+    for the block, and always leave it, also when the block raises. A worker that exits without
+    leaving warns and, under NCCL, may not release its communicators; after a failure under NCCL
+    the group is aborted rather than destroyed, since destroying waits for peers that may be
+    stuck in a collective (as ``launch.spawn``'s ranks do, ``launch.leave_groups``)."""
+    dev = init_from_env()
+    backend = dist.get_backend()
+    failed = True
+    try:
+        yield dev
+        failed = False
+    finally:
+        leave_groups(backend, failed)

@@ -142,7 +142,7 @@ def measured_parallel(strategy: str):
     from ...train import Parallel
 
     one_of("strategy", strategy, MEASURED)
-    return Parallel("ddp") if strategy == "DDP" else Parallel("fsdp1", strategy=strategy)
+    return Parallel.for_strategy(strategy)
 
 
 def compare(results: dict, world_size: int = 2) -> list[tuple[str, Ledger, Ledger]]:
@@ -155,7 +155,7 @@ def compare(results: dict, world_size: int = 2) -> list[tuple[str, Ledger, Ledge
         predicted = vram_ledger(r["num_params"], world_size, strategy, precision="fp32",
                                 optimizer="adam", phase="rest")
         st = r["state"]
-        rows.append((strategy, predicted, Ledger(st.params, st.grads, st.optimizer)))
+        rows.append((strategy, predicted, st.as_ledger()))
     return rows
 
 
