@@ -36,7 +36,6 @@ MAX_TOP_LEVEL_MODULES = 22
 MAX_PAGE_IMPORTS = 6
 
 KNOWN: set[str] = {
-    'too many imports: ch04/p1/02-dataparallel.ipynb imports 7 package modules',
     'too many imports: ch04/p1/03-ddp.ipynb imports 7 package modules',
     'too many imports: ch04/p1/04-bucket-overlap.ipynb imports 10 package modules',
     'too many imports: ch04/p1/05-ring-allreduce.ipynb imports 7 package modules',

@@ -135,6 +135,22 @@ def naive_all_reduce_bytes(nbytes: float, world_size: int) -> float:
     return (world_size - 1) * nbytes
 
 
+def internode_bytes(volume: StepVolume, strategy: str, nodes: int, gpus_per_node: int) -> float:
+    """Bytes one node sends to the other nodes in one step of ``volume`` (one rank's sends),
+    under the ring model with ranks ordered node by node. A ring over every rank crosses each
+    node boundary once, and that link carries what one rank sends: ``volume.total``.
+    HYBRID_SHARD keeps its AllGathers and ReduceScatters inside the node; only the AllReduce of
+    the replica groups crosses, one ring per position in the node (``gpus_per_node`` rings, each
+    rank sending ``volume.all_reduce``). Per *node*, not per GPU: that is the network's load."""
+    int_at_least("nodes", nodes)
+    int_at_least("gpus_per_node", gpus_per_node)
+    if nodes == 1:
+        return 0.0
+    if strategy == "HYBRID_SHARD":
+        return gpus_per_node * volume.all_reduce
+    return volume.total
+
+
 @dataclass(frozen=True)
 class ServerVolume:
     """Bytes one node sends (and, as much, receives) in one synchronous step with dedicated

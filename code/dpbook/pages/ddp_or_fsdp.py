@@ -114,12 +114,7 @@ def price(job: Job, strategy: str) -> Option:
                                 largest_unit_params=job.largest_unit_params,
                                 activation_bytes=job.activation_gb * GB, **hybrid)
     volume = costs.fsdp_step_bytes(psi, n, "DDP" if strategy == "DDP" else strategy, **hybrid)
-    if job.nodes == 1:
-        internode = 0.0
-    elif strategy == "HYBRID_SHARD":
-        internode = s * volume.all_reduce  # s rings, one per position in the node
-    else:
-        internode = volume.total  # one ring over every rank crosses each node boundary once
+    internode = costs.internode_bytes(volume, strategy, job.nodes, s)
     return Option(strategy, ledger.total, volume.total, internode,
                   ledger.total <= job.capacity_bytes)
 
