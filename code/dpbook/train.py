@@ -203,15 +203,27 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tens
     return loss.item()
 
 
+def cpu_copy(obj):
+    """``obj`` (a tensor, or a state dict of nested dicts, lists and tuples) with every tensor
+    replaced by a detached copy on the CPU: a snapshot that later training steps cannot change,
+    and a file that names no GPU and loads on any machine."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, dict):
+        return {k: cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(cpu_copy(v) for v in obj)
+    return obj
+
+
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The unsharded parameters under their original names (no ``module.`` prefix, no FSDP
     flat parameters), on every rank, on the CPU; works for a plain, DDP, FSDP1 or FSDP2 model."""
     if not dist.is_initialized():
-        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        return cpu_copy(model.state_dict())
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    return {k: v.detach().cpu().clone() for k, v in sd.items()}
+    return cpu_copy(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
 
 
 def build_model(par: Parallel | None, world_size: int, model_kwargs: dict | None = None,

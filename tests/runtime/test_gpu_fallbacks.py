@@ -256,9 +256,11 @@ def test_the_ddp_checkpoint_is_on_the_cpu_and_keeps_the_loss_scale(tmp_path):
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
     scaler.scale(torch.ones(1))  # the scale exists from the first step on
     scaler.update(new_scale=1024.0)  # as after a few overflows
-    fake_gpu = {"w": torch.ones(2), "nested": [torch.zeros(1), {"t": torch.ones(1)}], "n": 3}
-    moved = ddp_script.on_cpu(fake_gpu)
+    live = {"w": torch.ones(2), "nested": [torch.zeros(1), {"t": torch.ones(1)}], "n": 3}
+    moved = train.cpu_copy(live)
     assert moved["n"] == 3 and isinstance(moved["nested"], list)
+    live["w"].add_(1)  # a copy: later training steps leave the snapshot as it was
+    assert torch.equal(moved["w"], torch.ones(2))
     assert all(t.device.type == "cpu" for t in (moved["w"], moved["nested"][0], moved["nested"][1]["t"]))
     ddp_script.save_checkpoint(model, opt, 4, cfg, scaler)
     saved = torch.load(cfg.checkpoint, weights_only=True)

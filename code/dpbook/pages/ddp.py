@@ -34,6 +34,7 @@ from ..launch import device
 from ..measure import CommLog
 from ..models import build_mlp
 from ..style import PALETTE, rank_colour
+from ..train import cpu_copy
 
 IN_DIM, OUT_DIM = 16, 4  # build_mlp's defaults
 
@@ -57,7 +58,7 @@ def bytes_by_dtype(tensors) -> dict[str, int]:
 
 
 def _cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+    return cpu_copy(module.state_dict())
 
 
 def ddp_lifecycle(rank: int, world_size: int, steps: int = 3, batch_size: int = 8,

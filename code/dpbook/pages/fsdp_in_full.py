@@ -22,11 +22,10 @@ import warnings
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._pytree import tree_map
 
 from ..checks import int_at_least, one_of
 from ..launch import device
-from ..train import amp_dtype, dtype_name, grad_scaler, shard_blocks
+from ..train import amp_dtype, cpu_copy, dtype_name, grad_scaler, shard_blocks
 
 POLICIES = ("size", "block", "transformer")
 
@@ -295,10 +294,7 @@ def _full_training_state(model, optimizer) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
-    def to_cpu(t):
-        return t.detach().cpu().clone() if isinstance(t, torch.Tensor) else t
-
-    return {"model": tree_map(to_cpu, msd), "optim": tree_map(to_cpu, osd)}
+    return {"model": cpu_copy(msd), "optim": cpu_copy(osd)}
 
 
 def probe_inputs() -> torch.Tensor:

@@ -36,7 +36,7 @@ from ..data import synthetic_regression
 from ..launch import device as rank_device
 from ..models import build_mlp
 from ..torchrun.worker import process_group
-from ..train import amp_dtype, apply_ddp, dtype_name, grad_scaler
+from ..train import amp_dtype, apply_ddp, cpu_copy, dtype_name, grad_scaler
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 MODEL = {"in_dim": 16, "hidden": 32, "depth": 3, "out_dim": 4}  # models.build_mlp's defaults
@@ -191,18 +191,6 @@ class Progress:
             print(line, flush=True)
 
 
-def on_cpu(obj):
-    """``obj`` (a state dict, nested dicts and lists) with every tensor copied to the CPU, so
-    that the file written by the rank on ``cuda:0`` names no GPU and loads on any machine."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: on_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(on_cpu(v) for v in obj)
-    return obj
-
-
 def save_checkpoint(model, optimizer, epoch: int, cfg: ScriptConfig, scaler=None) -> None:
     """Rank 0 writes the unwrapped model (keys without ``module.``), the optimizer state, the
     fp16 loss scaler's state (its current scale) and the epoch, as CPU tensors, to a temporary
@@ -213,7 +201,7 @@ def save_checkpoint(model, optimizer, epoch: int, cfg: ScriptConfig, scaler=None
         path = Path(cfg.checkpoint)
         tmp = path.with_name(path.name + ".tmp")
         scaler_state = scaler.state_dict() if scaler is not None and scaler.is_enabled() else {}
-        torch.save(on_cpu({"model": net.state_dict(), "optimizer": optimizer.state_dict(),
+        torch.save(cpu_copy({"model": net.state_dict(), "optimizer": optimizer.state_dict(),
                            "scaler": scaler_state, "epoch": epoch, "config": asdict(cfg)}), tmp)
         os.replace(tmp, path)
     if dist.is_initialized():
@@ -284,7 +272,7 @@ def run(rank: int, world_size: int, cfg: ScriptConfig) -> dict:
             "autocast": amp is not None, "amp_dtype": dtype_name(amp),
             "loss_scaling": scaler.is_enabled(), "start_epoch": start,
             "steps_per_epoch": steps, "losses": losses, "evals": evals,
-            "state": {k: v.detach().cpu().clone() for k, v in net.state_dict().items()}}
+            "state": cpu_copy(net.state_dict())}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> ScriptConfig:

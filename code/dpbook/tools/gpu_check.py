@@ -5,7 +5,8 @@
    other directly (P2P).
 2. NCCL at every world size the machine allows (1, 2, 4, 8 and the GPU count): one DDP step and
    one FSDP2 step of a model big enough for CUDA's peak memory, the measured communication
-   checked against ``dpbook.costs``, and FSDP2's peak below DDP's from 2 ranks on.
+   checked against the formulas (``labs.compare.predict``, from ``dpbook.costs``), and FSDP2's
+   peak below DDP's from 2 ranks on.
 3. Part 4.2's pages (``dpbook.tools.gpu_pages``) under NCCL on the largest power of two of GPUs.
 4. The fallbacks a learner's GPU box takes, each in a child process that sees fewer GPUs
    (``CUDA_VISIBLE_DEVICES``): 2 ranks with 1 GPU visible and 4 ranks with 2, where
@@ -28,9 +29,10 @@ from pathlib import Path
 
 import torch
 
-from .. import costs, launch, measure
-from . import gpu_pages
+from .. import launch, measure
+from ..labs import compare
 from ..train import Parallel
+from . import gpu_pages
 
 # Big enough that parameters dominate CUDA's peak memory, small enough for any GPU.
 GPU_MODEL = {"in_dim": 1024, "hidden": 2048, "depth": 4, "out_dim": 1024}
@@ -73,14 +75,6 @@ def environment() -> list[str]:
     return lines
 
 
-def predicted_bytes(report: dict, par: Parallel, world_size: int) -> float:
-    param_bytes = 4 * report["num_params"]
-    if par.method == "ddp":
-        return costs.ddp_step_bytes(param_bytes, world_size).total
-    root = 4 * report["root_params"] if par.reshard_after_forward is None else 0
-    return costs.fsdp_step_bytes(param_bytes, world_size, "FULL_SHARD", root_bytes=root).total
-
-
 def run(timeout: float = 240.0) -> list[dict]:
     gpus = torch.cuda.device_count()
     rows = []
@@ -97,7 +91,8 @@ def run(timeout: float = 240.0) -> list[dict]:
                 "peak_mib": max(r["peak"].peak for r in reports) / 2**20,
                 "step_ms": 1e3 * statistics.median(r0["step_times"]),
                 "comm_mib": r0["volume"].total / 2**20,
-                "predicted_mib": predicted_bytes(r0, par, ws) / 2**20,
+                "predicted_mib": compare.predict(par, r0["num_params"], ws,
+                                                 r0["root_params"]).volume.total / 2**20,
                 "launch_s": time.perf_counter() - t0,
             })
     return rows

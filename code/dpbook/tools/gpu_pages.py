@@ -129,7 +129,8 @@ def _errors(ws: int, backend: str, timeout: float) -> str:
                      world_size=ws, backend=backend, timeout=timeout, output="none")
         raise AssertionError("uneven_inputs không treo")
     except launch.RankError as exc:
-        if exc.rank != 0 or "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
+        text = str(exc).lower()
+        if exc.rank != 0 or not ("timeout" in text or "timed out" in text):
             raise AssertionError(f"uneven: {str(exc).splitlines()[0]}") from exc
     return f"crash báo rank 1 sau {crash_s:.1f} s, số batch lệch dừng sau {time.perf_counter() - t0:.1f} s"
 

@@ -14,6 +14,7 @@ import socket
 import torch
 import torch.distributed as dist
 
+from ..launch import BACKENDS as LAUNCH_BACKENDS
 from ..launch import INIT_BARRIER, device, leave_groups
 from . import BACKEND_VAR
 
@@ -43,7 +44,8 @@ def read_env(environ: dict | None = None) -> dict:
 
 
 SAME_HOST_VAR = "DPBOOK_SAME_HOST"  # "1": every agent runs on this host (emulated nodes)
-BACKENDS = ("gloo", "nccl")  # accepted values of BACKEND_VAR (torchrun.run(backend=...) sets it)
+# Accepted values of BACKEND_VAR (torchrun.run(backend=...) sets it): launch's, less "auto".
+BACKENDS = tuple(b for b in LAUNCH_BACKENDS if b != "auto")
 
 
 def host_id() -> str:
