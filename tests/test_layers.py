@@ -6,8 +6,8 @@ them). On top: no import cycles, no ``_private`` name imported from another modu
 page does not import another page's, a widget does not import another widget, and the notebooks
 import the package by concept name, without aliases, at most six modules each.
 
-``KNOWN`` lists the violations that remain; it may only shrink, and an entry that no longer
-occurs must be removed (the test fails on it too).
+The test started with the old layout's violations in a list that could only shrink; the list
+is gone with the last of them, so any violation now fails.
 """
 
 from __future__ import annotations
@@ -34,12 +34,6 @@ SHARED_WIDGET_MODULES = {"player", "svg", "live"}  # what every widget may use
 WIDGET_AGGREGATORS = {"export", "__main__"}  # these import every widget on purpose
 MAX_TOP_LEVEL_MODULES = 22
 MAX_PAGE_IMPORTS = 6
-
-KNOWN: set[str] = {
-    'too many imports: ch04/p1/03-ddp.ipynb imports 7 package modules',
-    'too many imports: ch04/p1/04-bucket-overlap.ipynb imports 10 package modules',
-    'too many imports: ch04/p1/05-ring-allreduce.ipynb imports 7 package modules',
-}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -227,8 +221,5 @@ def test_the_analysis_sees_a_cycle_an_upward_import_and_a_private_name(tmp_path)
 
 
 def test_the_package_keeps_its_layers():
-    found = violations()
-    new = sorted(found - KNOWN)
-    fixed = sorted(KNOWN - found)
-    assert not new, "vi phạm mới của kiến trúc gói:\n" + "\n".join(new)
-    assert not fixed, "đã sửa, hãy xóa khỏi KNOWN:\n" + "\n".join(fixed)
+    found = sorted(violations())
+    assert not found, "vi phạm kiến trúc gói:\n" + "\n".join(found)

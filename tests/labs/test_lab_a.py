@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from dpbook.labs.lab_a import BROKEN, SOLUTION, checker, common
+from dpbook.labs.lab_a import SOLUTION, checker, common
 from dpbook.labs.lab_a.single_gpu import epoch_order
 
 

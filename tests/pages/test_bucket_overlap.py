@@ -5,14 +5,11 @@ import matplotlib
 import pytest
 import torch
 
-from dpbook import accumulation as A
-from dpbook.pages import bucket_overlap as BX
-from dpbook import buckets as BA
-from dpbook import costs, launch
+from dpbook import accumulation, buckets, costs, launch, overlap, shapes
 from dpbook.averaging import flat_grad, loss_fn
 from dpbook.models import build_bucket_net
-from dpbook import overlap
-from dpbook.widgets import ddp_buckets as B
+from dpbook.pages import bucket_overlap
+from dpbook.widgets import ddp_buckets
 
 matplotlib.use("Agg")
 
@@ -50,8 +47,8 @@ def test_transfer_share_rejects_negative_bytes():
 
 @pytest.mark.parametrize("cap", [1e-4, 0.02, 0.1, 0.3, None])
 def test_bucket_lower_bound_holds(cap):
-    params, order = B.demo_params()
-    tl = overlap.alpha_beta_timeline(params, BA.cap_limits(cap), order)
+    params, order = ddp_buckets.demo_params()
+    tl = overlap.alpha_beta_timeline(params, buckets.cap_limits(cap), order)
     bound = overlap.bucket_lower_bound(tl)
     t = [costs.alpha_beta_time("all_reduce", b.nbytes, overlap.DEFAULT_WORLD_SIZE, overlap.DEFAULT_ALPHA,
                                overlap.DEFAULT_BANDWIDTH) for b in tl.buckets]
@@ -60,8 +57,8 @@ def test_bucket_lower_bound_holds(cap):
 
 
 def test_cap_sweep_ends_are_the_naive_strategies():
-    params, order = B.demo_params()
-    cmp = overlap.compare_strategies(params, BA.cap_limits(0.1), order)
+    params, order = ddp_buckets.demo_params()
+    cmp = overlap.compare_strategies(params, buckets.cap_limits(0.1), order)
     sweep = overlap.cap_sweep(params, order, [1e-4, 0.1, 10.0])
     assert [n for _, n, _ in sweep] == [len(params), cmp.n_buckets, 1]
     assert [t for _, _, t in sweep] == [cmp.per_param, cmp.buckets, cmp.no_overlap]
@@ -70,20 +67,20 @@ def test_cap_sweep_ends_are_the_naive_strategies():
 def test_figures_draw():
     import matplotlib.pyplot as plt
 
-    params, order = B.demo_params()
-    fig1 = BX.allreduce_cost_figure()
-    fig2 = BX.cap_sweep_figure(params, order, [1e-3, 0.1, 1.0])
+    params, order = ddp_buckets.demo_params()
+    fig1 = bucket_overlap.allreduce_cost_figure()
+    fig2 = bucket_overlap.cap_sweep_figure(params, order, [1e-3, 0.1, 1.0])
     assert fig1.axes[0].get_xlabel() and fig2.axes[0].get_xlabel() == "bucket_cap_mb (MiB)"
     plt.close("all")
 
 
 def test_micro_slices_partition_the_global_batch():
     n, k, b = 3, 4, 5
-    x, y = A.global_batch(n, k, b)
-    assert x.shape == (n * k * b, 32) and y.shape == (n * k * b, A.OUT_DIM)
+    x, y = accumulation.global_batch(n, k, b)
+    assert x.shape == (n * k * b, 32) and y.shape == (n * k * b, accumulation.OUT_DIM)
     assert x.dtype == y.dtype == torch.float64
     rows = sorted(i for r in range(n) for s in range(k)
-                  for i in range(*A.micro_slice(r, n, s, b).indices(len(x))))
+                  for i in range(*accumulation.micro_slice(r, n, s, b).indices(len(x))))
     assert rows == list(range(len(x)))
 
 
@@ -92,32 +89,32 @@ def test_reference_is_the_mean_of_micro_batch_gradients():
     gradients (what DDP's averaged accumulation computes) is the global-batch gradient."""
     n, k, b = 2, 3, 4
     model = build_bucket_net().double()
-    x, y = A.global_batch(n, k, b)
+    x, y = accumulation.global_batch(n, k, b)
     for r in range(n):
         for s in range(k):
-            rows = A.micro_slice(r, n, s, b)
+            rows = accumulation.micro_slice(r, n, s, b)
             (loss_fn(model(x[rows]), y[rows]) / (k * n)).backward()
     summed = flat_grad(model)
-    assert torch.allclose(summed, A.reference_gradient(n, k, b), atol=1e-12, rtol=0)
+    assert torch.allclose(summed, accumulation.reference_gradient(n, k, b), atol=1e-12, rtol=0)
 
 
 def test_accumulate_worker_rejects_bad_modes():
     with pytest.raises(ValueError, match="modes"):
-        A.accumulate_worker(0, 2, modes=("tắt",))
+        accumulation.accumulate_worker(0, 2, modes=("tắt",))
     with pytest.raises(ValueError, match="accumulation_steps"):
-        A.accumulate_worker(0, 2, accumulation_steps=0)
+        accumulation.accumulate_worker(0, 2, accumulation_steps=0)
 
 
 @pytest.mark.distributed
 def test_no_sync_skips_every_allreduce_but_the_last():
     k, b = 3, 4
-    out = launch.spawn(A.accumulate_worker, world_size=2, backend="gloo", output="none",
+    out = launch.spawn(accumulation.accumulate_worker, world_size=2, backend="gloo", output="none",
                        accumulation_steps=k, micro_batch=b)
     model = build_bucket_net().double()
-    params = BA.model_params(model)
-    order = BA.ready_order(model, torch.randn(2, 32, dtype=torch.float64))
-    bucket_bytes = [bk.nbytes for bk in BA.assign_buckets(params, BA.cap_limits(None), order)]
-    reference = A.reference_gradient(2, k, b)
+    params = buckets.model_params(model)
+    order = buckets.ready_order(model, torch.randn(2, 32, dtype=torch.float64))
+    bucket_bytes = [bk.nbytes for bk in buckets.assign_buckets(params, buckets.cap_limits(None), order)]
+    reference = accumulation.reference_gradient(2, k, b)
     for r in out:
         psi = r["grad_bytes"]
         assert psi == sum(bucket_bytes) == 8 * sum(p.numel for p in params)
@@ -128,7 +125,24 @@ def test_no_sync_skips_every_allreduce_but_the_last():
         for mode in ("sync_every", "no_sync_backward_only"):
             records = r["runs"][mode]["records"]
             assert all([x.nbytes for x in recs] == bucket_bytes for recs in records)
-        for mode in A.MODES:
+        for mode in accumulation.MODES:
             assert torch.allclose(r["runs"][mode]["grad"], reference, atol=1e-12, rtol=0)
-    for mode in A.MODES:
+    for mode in accumulation.MODES:
         assert torch.equal(out[0]["runs"][mode]["grad"], out[1]["runs"][mode]["grad"])
+
+
+def test_gpt2_params_are_the_presets_tensors_without_memory():
+    gpt2 = bucket_overlap.gpt2_params()
+    assert sum(p.numel for p in gpt2) == shapes.presets()[bucket_overlap.GPT2].num_params
+    assert {p.device for p in gpt2} == {"meta"} and len(gpt2) == 148
+
+
+@pytest.mark.distributed
+def test_the_pages_accumulation_run_matches_its_parts():
+    run = bucket_overlap.accumulation_run(2, 2, 4)
+    assert run.mode == launch.describe_mode(2)
+    assert [r["rank"] for r in run.ranks] == [0, 1]
+    assert torch.equal(run.reference, accumulation.reference_gradient(2, 2, 4))
+    # the float64 model's default buckets: what DDP reduced in the last micro-batch
+    last = run.ranks[0]["runs"]["no_sync"]["records"][-1]
+    assert [r.nbytes for r in last] == [b.nbytes for b in run.default_buckets]

@@ -5,9 +5,8 @@ import matplotlib
 import pytest
 import torch
 
-from dpbook import data
+from dpbook import data, launch, memory, shapes
 from dpbook.pages import ddp
-from dpbook import launch
 from dpbook.measure import CommRecord
 
 matplotlib.use("Agg")
@@ -47,6 +46,16 @@ def test_sampler_epochs_rejects_bad_arguments(bad):
     kwargs = dict(dataset_size=8, world_size=2, rank=0, epochs=1) | bad
     with pytest.raises(ValueError):
         data.sampler_epochs(**kwargs)
+
+
+@pytest.mark.parametrize("world_size", [1, 8, 64])
+def test_preset_states_are_the_ledgers_ddp_state(world_size):
+    states = ddp.preset_states(world_size=world_size)
+    assert list(states) == list(ddp.STATE_PRESETS)
+    for key, (preset, state) in states.items():
+        assert preset == shapes.presets()[key]
+        assert state == memory.vram_ledger(preset.num_params, 1, "DDP", precision="mixed").state
+        assert state == 16 * preset.num_params  # 2 + 2 + 12 byte per parameter, for any N
 
 
 def test_demo_model_depends_on_seed_and_has_buffers():

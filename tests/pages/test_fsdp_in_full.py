@@ -4,8 +4,7 @@
 import pytest
 import torch
 
-from dpbook.pages import fsdp_in_full as fc
-from dpbook.pages import fsdp_in_full as fs
+from dpbook.pages import fsdp_in_full
 from dpbook import launch, train
 from dpbook.models import num_params
 from dpbook.models.transformer import TinyTransformer, build_tiny_transformer, random_tokens
@@ -41,26 +40,26 @@ def test_tiny_transformer_rejects_bad_sizes():
 
 def test_unit_params_gives_each_parameter_to_its_deepest_unit():
     model = build_tiny_transformer()
-    got = fs.unit_params(model, ["", "blocks.0", "blocks.1"])
+    got = fsdp_in_full.unit_params(model, ["", "blocks.0", "blocks.1"])
     assert got == {"": 4224, "blocks.0": 12704, "blocks.1": 12704}
-    nested = fs.unit_params(model, ["", "blocks.0", "blocks.0.ff.fc1"])
+    nested = fsdp_in_full.unit_params(model, ["", "blocks.0", "blocks.0.ff.fc1"])
     assert nested == {"": 4224 + 12704, "blocks.0": 12704 - 4224, "blocks.0.ff.fc1": 4224}
     assert sum(nested.values()) == num_params(model)
     with pytest.raises(ValueError, match="không thuộc"):
-        fs.unit_params(model, ["blocks.0"])
+        fsdp_in_full.unit_params(model, ["blocks.0"])
 
 
 def test_wrap_policy_and_units_of_a_plain_model():
-    assert fs.fsdp_units(build_tiny_transformer()) == []
+    assert fsdp_in_full.fsdp_units(build_tiny_transformer()) == []
     with pytest.raises(ValueError, match="policy"):
-        fs.wrap_policy("layer")
+        fsdp_in_full.wrap_policy("layer")
     with pytest.raises(ValueError, match="min_num_params"):
-        fs.wrap_policy("size", min_num_params=0)
+        fsdp_in_full.wrap_policy("size", min_num_params=0)
 
 
 def test_step_needs_a_world_size_that_divides_the_global_batch():
     with pytest.raises(ValueError, match="GLOBAL_BATCH"):
-        fc._step_on(None, None, 0, 0, 3)
+        fsdp_in_full._step_on(None, None, 0, 0, 3)
 
 
 # ---------------------------------------------------------------- several processes (gloo)
@@ -68,7 +67,7 @@ def test_step_needs_a_world_size_that_divides_the_global_batch():
 @pytest.fixture(scope="module")
 def tour(tmp_path_factory):
     ckpt = str(tmp_path_factory.mktemp("dcp"))
-    return ckpt, launch.spawn(fs.practice_tour, ckpt, world_size=2, backend="gloo",
+    return ckpt, launch.spawn(fsdp_in_full.practice_tour, ckpt, world_size=2, backend="gloo",
                               timeout=240, output="none")
 
 
@@ -128,7 +127,7 @@ def test_checkpoint_reshards_and_loads_without_process_group(tour):
     save = res[0]["save"]
     assert save["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert save["local_shape"] == (16, 16)
-    (one,) = launch.spawn(fc.resume_checkpoint, ckpt, world_size=1, backend="gloo",
+    (one,) = launch.spawn(fsdp_in_full.resume_checkpoint, ckpt, world_size=1, backend="gloo",
                           timeout=120, output="none")
     assert one["local_shape"] == (32, 16)
     for k, v in save["saved"]["model"].items():
@@ -138,6 +137,6 @@ def test_checkpoint_reshards_and_loads_without_process_group(tour):
             assert torch.equal(one["loaded"]["optim"]["state"][k][name], v), (k, name)
     for k, v in save["after_next_step"].items():
         torch.testing.assert_close(one["after_next_step"][k], v, rtol=0, atol=1e-12)
-    model = fc.load_for_inference(ckpt)
+    model = fsdp_in_full.load_for_inference(ckpt)
     with torch.no_grad():
-        assert torch.equal(model(fc.probe_inputs()), save["preds"])
+        assert torch.equal(model(fsdp_in_full.probe_inputs()), save["preds"])

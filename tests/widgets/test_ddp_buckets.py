@@ -10,14 +10,12 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 import torch.distributed as dist
-from dpbook.tracing import ddp_run as BT
-from dpbook import buckets as BA
-from dpbook import costs
+from dpbook import buckets, costs, launch, overlap
 from dpbook.launch import spawn
 from dpbook.models import build_bucket_net
-from dpbook import overlap
-from dpbook.widgets import ddp_buckets as B
-from dpbook.widgets.ddp_buckets import render as BS
+from dpbook.tracing import ddp_run
+from dpbook.widgets import ddp_buckets
+from dpbook.widgets.ddp_buckets import render
 from torch.nn.parallel import distributed as ddp_mod
 
 MIB = 1024 * 1024
@@ -34,8 +32,8 @@ def _torch_assignment(params, limits, order):
 
 
 def _ours(params, limits, order):
-    buckets = BA.assign_buckets(params, limits, order)
-    return [list(b.params) for b in buckets], [b.limit for b in buckets]
+    bks = buckets.assign_buckets(params, limits, order)
+    return [list(b.params) for b in bks], [b.limit for b in bks]
 
 
 # ------------------------------------------------------------------------------ caps
@@ -48,7 +46,7 @@ def test_cap_limits_follow_ddp_bucket_config(cap, first):
         bucket_cap_mb=cap, bucket_cap_mb_list=None if first is None else
         [first, ddp_mod._DEFAULT_BUCKET_CAP_MB if cap is None else cap],
         use_python_reducer=False)
-    limits = BA.cap_limits(cap, first)
+    limits = buckets.cap_limits(cap, first)
     if cfg.per_bucket_bytes_caps:  # bucket_cap_mb_list: the reducer packs with this list
         assert limits == list(cfg.per_bucket_bytes_caps)
     else:  # otherwise the reducer rebuilds with [first_bucket_bytes_cap, bucket_bytes_cap]
@@ -56,51 +54,51 @@ def test_cap_limits_follow_ddp_bucket_config(cap, first):
 
 
 def test_cap_defaults_are_torchs():
-    assert BA.DEFAULT_BUCKET_CAP_MB == ddp_mod._DEFAULT_BUCKET_CAP_MB == 25
-    assert BA.DEFAULT_FIRST_BUCKET_MB * MIB == dist._DEFAULT_FIRST_BUCKET_BYTES == MIB
-    assert BA.cap_limits() == [MIB, 25 * MIB]
-    assert BA.cap_limits(0.1) == [104857, 104857]  # int(0.1 MiB): DDP truncates
+    assert buckets.DEFAULT_BUCKET_CAP_MB == ddp_mod._DEFAULT_BUCKET_CAP_MB == 25
+    assert buckets.DEFAULT_FIRST_BUCKET_MB * MIB == dist._DEFAULT_FIRST_BUCKET_BYTES == MIB
+    assert buckets.cap_limits() == [MIB, 25 * MIB]
+    assert buckets.cap_limits(0.1) == [104857, 104857]  # int(0.1 MiB): DDP truncates
 
 
 @pytest.mark.parametrize("bad", [0, -1, "0.1", True])
 def test_cap_limits_refuse_bad_caps(bad):
     with pytest.raises(ValueError, match="bucket_cap_mb phải là số MB dương"):
-        BA.cap_limits(bad)
+        buckets.cap_limits(bad)
     with pytest.raises(ValueError, match="first_bucket_cap_mb phải là số MB dương"):
-        BA.cap_limits(0.1, bad)
+        buckets.cap_limits(0.1, bad)
 
 
 # ------------------------------------------------------------------------------ assignment
 
 
 def _p(*numels, dtype="float32"):
-    return [BA.Param(f"p{i}", f"l{i}", n, dtype) for i, n in enumerate(numels)]
+    return [buckets.Param(f"p{i}", f"l{i}", n, dtype) for i, n in enumerate(numels)]
 
 
 def test_assignment_closed_form():
     # 40, 40, 40, 20 bytes; reverse order 3,2,1,0. First limit 50: 20+40 = 60 >= 50 closes
     # [3, 2]; then limit 100: 40+40 = 80 < 100 stays open until the end.
-    buckets = BA.assign_buckets(_p(10, 10, 10, 5), [50, 100])
-    assert [b.params for b in buckets] == [(3, 2), (1, 0)]
-    assert [b.nbytes for b in buckets] == [60, 80] and [b.limit for b in buckets] == [50, 100]
+    bks = buckets.assign_buckets(_p(10, 10, 10, 5), [50, 100])
+    assert [b.params for b in bks] == [(3, 2), (1, 0)]
+    assert [b.nbytes for b in bks] == [60, 80] and [b.limit for b in bks] == [50, 100]
     # the tensor that crosses the cap stays in the bucket it crossed, however large
-    assert [b.params for b in BA.assign_buckets(_p(1000, 1, 1), [12])] == [(2, 1, 0)]
+    assert [b.params for b in buckets.assign_buckets(_p(1000, 1, 1), [12])] == [(2, 1, 0)]
     # reaching the cap exactly closes the bucket
-    assert [b.params for b in BA.assign_buckets(_p(2, 1, 1), [8])] == [(2, 1), (0,)]
+    assert [b.params for b in buckets.assign_buckets(_p(2, 1, 1), [8])] == [(2, 1), (0,)]
 
 
 def test_assignment_refuses_bad_input():
     with pytest.raises(ValueError, match="limits phải là danh sách số byte nguyên dương"):
-        BA.assign_buckets(_p(1, 2), [0])
+        buckets.assign_buckets(_p(1, 2), [0])
     with pytest.raises(ValueError, match="order phải là một hoán vị"):
-        BA.assign_buckets(_p(1, 2), [8], [0, 0])
+        buckets.assign_buckets(_p(1, 2), [8], [0, 0])
 
 
 @pytest.mark.parametrize("cap", [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, None])
 @pytest.mark.parametrize("first", [None, 0.01, 0.05])
 def test_demo_model_assignment_equals_torch(cap, first):
-    params, order = B.demo_params()
-    limits = BA.cap_limits(cap, first)
+    params, order = ddp_buckets.demo_params()
+    limits = buckets.cap_limits(cap, first)
     for o in (list(order), list(range(len(params)))[::-1]):
         assert _ours(params, limits, o) == _torch_assignment(params, limits, o)
 
@@ -117,16 +115,16 @@ def test_random_sizes_and_orders_equal_torch(seed):
 
 
 def test_dtypes_are_bucketed_apart_and_sparse_alone():
-    params = [BA.Param("a", "a", 10), BA.Param("b", "b", 10, "float64"),
-              BA.Param("c", "c", 3), BA.Param("d", "d", 5, "float64"),
-              BA.Param("e", "e", 4, sparse=True), BA.Param("f", "f", 9, "float16")]
+    params = [buckets.Param("a", "a", 10), buckets.Param("b", "b", 10, "float64"),
+              buckets.Param("c", "c", 3), buckets.Param("d", "d", 5, "float64"),
+              buckets.Param("e", "e", 4, sparse=True), buckets.Param("f", "f", 9, "float16")]
     for limits in ([40, 8], [1], [10**6], [50, 100]):
         for order in ([5, 4, 3, 2, 1, 0], [0, 2, 1, 4, 3, 5]):
             ours, lim = _ours(params, limits, order)
             theirs, their_lim = _torch_assignment(params, limits, order)
             # PyTorch lists the buckets still open at the end from a hash map: compare as sets
             assert sorted(zip(map(tuple, ours), lim)) == sorted(zip(map(tuple, theirs), their_lim))
-            n_closed = sum(1 for b in BA.assign_buckets(params, limits, order)
+            n_closed = sum(1 for b in buckets.assign_buckets(params, limits, order)
                            if b.nbytes >= b.limit or params[b.params[0]].sparse)
             assert ours[:n_closed] == theirs[:n_closed]
             for b in ours:  # one dtype per bucket
@@ -134,7 +132,7 @@ def test_dtypes_are_bucketed_apart_and_sparse_alone():
 
 
 def test_ready_order_is_not_exactly_reverse_registration():
-    params, order = B.demo_params()
+    params, order = ddp_buckets.demo_params()
     names = [params[i].name for i in order]
     assert names[:2] == ["head.bias", "head.weight"] and names[-1] == "inp.weight"
     # LayerNorm gives its weight gradient before its bias: DDP follows that order
@@ -144,9 +142,9 @@ def test_ready_order_is_not_exactly_reverse_registration():
 
 def test_model_params_follow_ddp_order():
     model = build_bucket_net()
-    assert [p.name for p in BA.model_params(model)] == [n for n, _ in model.named_parameters()]
+    assert [p.name for p in buckets.model_params(model)] == [n for n, _ in model.named_parameters()]
     model.b0.norm.weight.requires_grad_(False)  # DDP leaves frozen parameters out
-    assert "b0.norm.weight" not in [p.name for p in BA.model_params(model)]
+    assert "b0.norm.weight" not in [p.name for p in buckets.model_params(model)]
 
 
 # ------------------------------------------------------------------------------ timeline
@@ -155,7 +153,7 @@ def test_model_params_follow_ddp_order():
 def test_timeline_closed_form():
     # two layers of 1000 and 3000 float32 parameters, batch 10, 1e6 FLOP/s: backward of the
     # last layer 4*10*3000/1e6 = 0.12 s, then 0.04 s; alpha 0.01 s, 1e5 B/s, N = 2.
-    params = [BA.Param("l0.w", "l0", 1000), BA.Param("l1.w", "l1", 3000)]
+    params = [buckets.Param("l0.w", "l0", 1000), buckets.Param("l1.w", "l1", 3000)]
     kw = {"world_size": 2, "alpha": 0.01, "bandwidth": 1e5, "batch": 10, "flops": 1e6}
     tl = overlap.alpha_beta_timeline(params, [1], **kw)  # one bucket per layer
     assert [(s.name, s.start, s.end) for s in tl.layers] == [("l1", 0, pytest.approx(0.12)),
@@ -175,8 +173,8 @@ def test_timeline_closed_form():
 @pytest.mark.parametrize("alpha, bandwidth, n", [(50e-6, 1e9, 2), (5e-6, 1e11, 8),
                                                  (1e-3, 1e8, 16), (0.0, 1e9, 4)])
 def test_timeline_invariants(cap, alpha, bandwidth, n):
-    params, order = B.demo_params()
-    tl = overlap.alpha_beta_timeline(params, BA.cap_limits(cap), order, world_size=n, alpha=alpha,
+    params, order = ddp_buckets.demo_params()
+    tl = overlap.alpha_beta_timeline(params, buckets.cap_limits(cap), order, world_size=n, alpha=alpha,
                                bandwidth=bandwidth)
     covered = sorted(i for b in tl.buckets for i in b.params)
     assert covered == list(range(len(params)))
@@ -191,13 +189,13 @@ def test_timeline_invariants(cap, alpha, bandwidth, n):
     assert tl.total >= max(tl.compute_end, comm) - 1e-15
     assert tl.compute_end == pytest.approx(sum(s.end - s.start for s in tl.layers))
     assert tl.compute_end == pytest.approx(
-        4 * BT.DEFAULT_BATCH * sum(p.numel for p in params) / overlap.DEFAULT_FLOPS)
+        4 * ddp_run.DEFAULT_BATCH * sum(p.numel for p in params) / overlap.DEFAULT_FLOPS)
 
 
 def test_one_bucket_is_the_no_overlap_baseline():
-    params, order = B.demo_params()
+    params, order = ddp_buckets.demo_params()
     # 1 MiB first bucket > model
-    tl = overlap.alpha_beta_timeline(params, BA.cap_limits(None), order)
+    tl = overlap.alpha_beta_timeline(params, buckets.cap_limits(None), order)
     assert len(tl.buckets) == 1 and tl.total == pytest.approx(tl.baseline_total)
     nbytes = sum(p.nbytes for p in params)
     assert tl.baseline_total == pytest.approx(tl.compute_end + costs.alpha_beta_time(
@@ -205,8 +203,8 @@ def test_one_bucket_is_the_no_overlap_baseline():
 
 
 def test_buckets_win_for_the_defaults():
-    params, order = B.demo_params()
-    c = overlap.compare_strategies(params, BA.cap_limits(0.1), order)
+    params, order = ddp_buckets.demo_params()
+    c = overlap.compare_strategies(params, buckets.cap_limits(0.1), order)
     assert c.best == "buckets" and c.buckets < c.no_overlap < c.per_param
     assert (c.n_per_param, c.n_buckets) == (len(params), 4) == (22, 4)
     # one AllReduce per parameter: 22 latencies of 2(N-1) alpha each at least
@@ -223,8 +221,8 @@ def _texts(svg: str) -> str:
 
 
 def test_frames_step_through_the_backward():
-    tl = overlap.alpha_beta_timeline(*B.demo_params()[:1], BA.cap_limits(0.1), B.demo_params()[1])
-    frames = B.build_frames(tl)
+    tl = overlap.alpha_beta_timeline(*ddp_buckets.demo_params()[:1], buckets.cap_limits(0.1), ddp_buckets.demo_params()[1])
+    frames = ddp_buckets.build_frames(tl)
     assert len(frames) == len(tl.layers) + 2 == 13
     assert set(frames[0].status) == {"empty"} and set(frames[-1].status) == {"done"}
     assert [f.now for f in frames[1:-1]] == [s.end for s in tl.layers]
@@ -239,7 +237,7 @@ def test_frames_step_through_the_backward():
 
 
 def test_svg_valid_vietnamese_and_labelled_with_its_source():
-    player = B.player(0.05, presentation=True)
+    player = ddp_buckets.player(0.05, presentation=True)
     for f in player.frames:
         text = _texts(f.svg)
         assert unicodedata.is_normalized("NFC", text)
@@ -249,7 +247,7 @@ def test_svg_valid_vietnamese_and_labelled_with_its_source():
     last = _texts(player.frames[-1].svg)
     assert "Không chồng lấp:" in last and "Có chồng lấp:" in last
     assert 'class="dpb-player dpb-present"' in player.to_html()
-    cmp = B.comparison_player()
+    cmp = ddp_buckets.comparison_player()
     assert "Vì sao gom gradient thành bucket?" in _texts_any(cmp.frames[0].svg)
 
 
@@ -259,9 +257,9 @@ def _texts_any(svg):
 
 def _fake_trace(cap=0.1):
     """A measured trace built by hand from the alpha-beta timeline (for renderer tests)."""
-    params, order = B.demo_params()
-    tl = overlap.alpha_beta_timeline(params, BA.cap_limits(cap), order)
-    return BT.DdpTrace(cap, None, params, order, (tuple(order),),
+    params, order = ddp_buckets.demo_params()
+    tl = overlap.alpha_beta_timeline(params, buckets.cap_limits(cap), order)
+    return ddp_run.DdpTrace(cap, None, params, order, (tuple(order),),
                       tuple(b.params for b in tl.buckets),
                       tuple(sum(params[i].numel for i in b.params) for b in tl.buckets),
                       tl.param_ready, tuple(c.start for c in tl.comms),
@@ -271,24 +269,24 @@ def _fake_trace(cap=0.1):
 
 def test_measured_source_is_labelled_and_needs_a_trace():
     traces = {(0.1, None): _fake_trace()}
-    player = B.player(0.1, source="measured", traces=traces)
+    player = ddp_buckets.player(0.1, source="measured", traces=traces)
     assert all("ĐO trên máy này" in _texts(f.svg) for f in player.frames)
     with pytest.raises(ValueError, match="Chưa đo cấu hình bucket_cap_mb=0.2"):
-        B.player(0.2, source="measured", traces=traces)
+        ddp_buckets.player(0.2, source="measured", traces=traces)
     with pytest.raises(ValueError, match="source="):
-        B.player(0.1, source="nccl")
+        ddp_buckets.player(0.1, source="nccl")
 
 
 def test_rebuild_is_fast():
     t0 = time.perf_counter()
-    B.player(1e-6, presentation=True).to_html()  # 22 buckets: the most frames and bars
-    B.player(0.02, world_size=64, alpha_us=1000, bandwidth_gbs=0.1).to_html()
+    ddp_buckets.player(1e-6, presentation=True).to_html()  # 22 buckets: the most frames and bars
+    ddp_buckets.player(0.02, world_size=64, alpha_us=1000, bandwidth_gbs=0.1).to_html()
     assert time.perf_counter() - t0 < 0.5
 
 
 def test_live_controls_rebuild_fast():
     pytest.importorskip("ipywidgets")
-    box = B.controls(traces={(c, None): _fake_trace(c) for c in BT.CAP_CHOICES_MB})
+    box = ddp_buckets.controls(traces={(c, None): _fake_trace(c) for c in ddp_run.CAP_CHOICES_MB})
     ctl = {c.description: c for c in box.children[0].children}
     t0 = time.perf_counter()
     ctl["bucket_cap_mb"].value = 0.02
@@ -305,18 +303,18 @@ CONFIGS = ((0.02, None), (0.05, None), (0.1, None), (0.1, 0.02), (None, None))
 
 
 @pytest.fixture(scope="module")
-def ddp_run():
-    return spawn(BT.ddp_bucket_worker, CONFIGS, 32, world_size=2, backend="gloo",
+def recorded():
+    return spawn(ddp_run.ddp_bucket_worker, CONFIGS, 32, world_size=2, backend="gloo",
                  warmup=2, repeats=2, output="none")
 
 
 @pytest.mark.distributed
-def test_real_ddp_uses_the_computed_buckets(ddp_run):
-    params, order = B.demo_params()
-    rank0, rank1 = ddp_run
+def test_real_ddp_uses_the_computed_buckets(recorded):
+    params, order = ddp_buckets.demo_params()
+    rank0, rank1 = recorded
     for tr, tr1 in zip(rank0, rank1):
-        limits = BA.cap_limits(tr.bucket_cap_mb, tr.first_bucket_cap_mb)
-        ours = [b.params for b in BA.assign_buckets(params, limits, order)]
+        limits = buckets.cap_limits(tr.bucket_cap_mb, tr.first_bucket_cap_mb)
+        ours = [b.params for b in buckets.assign_buckets(params, limits, order)]
         key = (tr.bucket_cap_mb, tr.first_bucket_cap_mb)
         assert list(tr.buckets) == ours == list(tr1.buckets), key
         # iteration 1: with find_unused_parameters=False DDP puts everything in one bucket,
@@ -325,7 +323,7 @@ def test_real_ddp_uses_the_computed_buckets(ddp_run):
         if tr.first_bucket_cap_mb is None:
             assert tr.first_iteration_buckets == (tuple(range(len(params))),)
         else:
-            initial = BA.assign_buckets(params, limits, list(range(len(params))))
+            initial = buckets.assign_buckets(params, limits, list(range(len(params))))
             assert tr.first_iteration_buckets == tuple(b.params for b in reversed(initial))
         assert tr.first_ready_order == tuple(order)
         assert list(tr.bucket_numel) == [sum(params[i].numel for i in b) for b in ours]
@@ -334,14 +332,18 @@ def test_real_ddp_uses_the_computed_buckets(ddp_run):
                  (None, None): 1}
 
 
+def test_ddp_run_says_how_it_runs():
+    assert ddp_run.describe(3) == launch.describe_mode(3, backend="gloo")
+
+
 @pytest.mark.distributed
-def test_measured_trace_is_consistent(ddp_run):
-    for tr in ddp_run[0]:
-        tl = BT.measured_timeline(tr)
+def test_measured_trace_is_consistent(recorded):
+    for tr in recorded[0]:
+        tl = ddp_run.measured_timeline(tr)
         for b, c in zip(tl.buckets, tl.comms):
             assert c.start >= max(tr.ready_s[i] for i in b.params)  # hook after last gradient
             assert c.end >= c.start
         assert tl.total >= max(c.end for c in tl.comms) and tl.total >= tl.compute_end
         assert [s.end for s in tl.layers] == sorted(s.end for s in tl.layers)
-        for f in B.build_frames(tl):
-            assert "ĐO trên máy này" in _texts(BS.render_frame(f))
+        for f in ddp_buckets.build_frames(tl):
+            assert "ĐO trên máy này" in _texts(render.render_frame(f))

@@ -8,10 +8,10 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from dpbook import costs
-from dpbook.widgets import dp_vs_ddp as D
-from dpbook.widgets.dp_vs_ddp import render as S
+from dpbook.widgets import dp_vs_ddp
+from dpbook.widgets.dp_vs_ddp import render
 
-M, X, OUT = D.RESNET50_BYTES, D.BATCH_BYTES, D.OUTPUT_BYTES
+M, X, OUT = dp_vs_ddp.RESNET50_BYTES, dp_vs_ddp.BATCH_BYTES, dp_vs_ddp.OUTPUT_BYTES
 
 
 def _phase(steps, name):
@@ -31,7 +31,7 @@ def _delta(steps, name, side):
 @pytest.mark.parametrize("n", range(2, 9))
 @pytest.mark.parametrize("buckets", [1, 3])
 def test_final_traffic_matches_the_closed_forms(n, buckets):
-    steps = D.iteration_steps(n, buckets=buckets)
+    steps = dp_vs_ddp.iteration_steps(n, buckets=buckets)
     assert len(steps) == n + buckets + 6
     dp, ddp = steps[-1].dp.traffic, steps[-1].ddp.traffic
     gpu0 = X * (2 * n - 1) / n + 2 * (n - 1) * M + 2 * (n - 1) / n * OUT
@@ -39,19 +39,19 @@ def test_final_traffic_matches_the_closed_forms(n, buckets):
     each = X / n + 4 * (n - 1) / n * M
     assert dp[0] == pytest.approx(gpu0) and dp[1:] == pytest.approx([other] * (n - 1))
     assert ddp == pytest.approx([each] * n)
-    assert D.traffic_totals(n) == pytest.approx({"dp_gpu0": gpu0, "dp_other": other, "ddp": each})
+    assert dp_vs_ddp.traffic_totals(n) == pytest.approx({"dp_gpu0": gpu0, "dp_other": other, "ddp": each})
 
 
 def test_worked_example_resnet50_on_4_gpus():
-    t = D.traffic_totals(4)
+    t = dp_vs_ddp.traffic_totals(4)
     assert (t["dp_gpu0"], t["dp_other"], t["ddp"]) == (681_189_312, 214_218_048, 316_318_176)
-    final = D.iteration_steps(4)[-1]
+    final = dp_vs_ddp.iteration_steps(4)[-1]
     assert final.dp.traffic[0] == t["dp_gpu0"] and set(final.ddp.traffic) == {t["ddp"]}
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_model_traffic_uses_the_costs_formulas(n):
-    steps = D.iteration_steps(n)
+    steps = dp_vs_ddp.iteration_steps(n)
     sent, _ = _delta(steps, "Sao chép mô hình", "dp")
     assert sent[0] == (n - 1) * M == costs.naive_all_reduce_bytes(M, n)  # replicate, every time
     _, received = _delta(steps, "Cộng gradient", "dp")
@@ -66,7 +66,7 @@ def test_model_traffic_uses_the_costs_formulas(n):
 
 @pytest.mark.parametrize("n", range(2, 9))
 def test_gpu0_carries_more_on_dp_and_all_gpus_are_equal_on_ddp(n):
-    steps = D.iteration_steps(n, buckets=4)
+    steps = dp_vs_ddp.iteration_steps(n, buckets=4)
     for s in steps:
         assert s.dp.traffic[0] >= max(s.dp.traffic[1:])
         assert len(set(s.ddp.traffic)) == 1
@@ -78,7 +78,7 @@ def test_gpu0_carries_more_on_dp_and_all_gpus_are_equal_on_ddp(n):
 
 
 def test_counters_only_grow_and_host_copies_count_once():
-    steps = D.iteration_steps(5)
+    steps = dp_vs_ddp.iteration_steps(5)
     for a, b in zip(steps, steps[1:]):
         for side in ("dp", "ddp"):
             pa, pb = getattr(a, side), getattr(b, side)
@@ -90,7 +90,7 @@ def test_counters_only_grow_and_host_copies_count_once():
 
 def test_gil_is_one_lock_taken_in_turn_during_dp_forward():
     n = 4
-    forward = [s for s in D.iteration_steps(n) if s.phase.startswith("Lan truyền xuôi")]
+    forward = [s for s in dp_vs_ddp.iteration_steps(n) if s.phase.startswith("Lan truyền xuôi")]
     assert [s.dp.gil for s in forward] == list(range(n))
     for k, s in enumerate(forward):
         assert s.dp.threads.count("giữ GIL") == 1 and s.dp.threads[k] == "giữ GIL"
@@ -100,7 +100,7 @@ def test_gil_is_one_lock_taken_in_turn_during_dp_forward():
 
 
 def test_ddp_overlaps_allreduce_with_backward_and_dp_does_not():
-    steps = D.iteration_steps(4, buckets=3)
+    steps = dp_vs_ddp.iteration_steps(4, buckets=3)
     backward = [s for s in steps if s.phase.startswith("Lan truyền ngược")]
     assert len(backward) == 3
     assert not backward[0].ddp.transfers  # the first bucket is still being computed
@@ -114,7 +114,7 @@ def test_ddp_overlaps_allreduce_with_backward_and_dp_does_not():
 
 
 def test_only_gpu0_computes_loss_and_optimizer_step_on_dp():
-    steps = D.iteration_steps(3)
+    steps = dp_vs_ddp.iteration_steps(3)
     for name in ("Tính loss", "Cập nhật tham số"):
         s = _phase(steps, name)
         assert s.dp.state == ("compute", "idle", "idle") and s.ddp.state == ("compute",) * 3
@@ -132,41 +132,41 @@ def test_only_gpu0_computes_loss_and_optimizer_step_on_dp():
 ])
 def test_bad_inputs_say_what_is_allowed(kwargs, word):
     with pytest.raises(ValueError, match=word):
-        D.iteration_steps(**kwargs)
+        dp_vs_ddp.iteration_steps(**kwargs)
 
 
 def test_svg_is_valid_and_vietnamese():
-    steps = D.iteration_steps(4)
+    steps = dp_vs_ddp.iteration_steps(4)
     top = steps[-1].dp.traffic[0]
     ns = "{http://www.w3.org/2000/svg}"
     for i, s in enumerate(steps):
-        svg = S.render(s, i, len(steps), top)
+        svg = render.render(s, i, len(steps), top)
         assert unicodedata.is_normalized("NFC", svg + s.caption)
         texts = [t.text for t in ET.fromstring(svg).iter(f"{ns}text")]
         for label in ("Lưu lượng vào + ra", "tính toán", "truyền dữ liệu", "luồng 0",
                       "process 0", "CPU", f"Bước {i + 1}/{len(steps)} · {s.phase}"):
             assert label in texts, (i, label)
-    forward = S.render(steps[3], 3, len(steps), top)
+    forward = render.render(steps[3], 3, len(steps), top)
     assert "→ luồng 1" in forward and "giữ GIL" in forward
-    ring = S.render(steps[-2], len(steps) - 2, len(steps), top)
+    ring = render.render(steps[-2], len(steps) - 2, len(steps), top)
     assert "AllReduce bucket 3: mỗi GPU gửi 51,1 MB cho GPU kế tiếp (vòng)" in ring
 
 
 def test_player_builds_fast_for_the_largest_setting():
     t0 = time.perf_counter()
-    player = D.player(D.MAX_GPUS, buckets=6)
+    player = dp_vs_ddp.player(dp_vs_ddp.MAX_GPUS, buckets=6)
     html = player.to_html()
     elapsed = time.perf_counter() - t0
     assert elapsed < 0.5, elapsed
-    assert len(player.frames) == D.MAX_GPUS + 6 + 6 and "Qua GPU 0 đến giờ" in html
+    assert len(player.frames) == dp_vs_ddp.MAX_GPUS + 6 + 6 and "Qua GPU 0 đến giờ" in html
 
 
 def test_live_controls_build():
-    status = D.controls().children[1].value
+    status = dp_vs_ddp.controls().children[1].value
     assert status.startswith("Dựng lại"), status
 
 
 def test_summaries_fit_one_line_beside_the_traffic_panel():
     for n in (2, 8):
-        for s in D.iteration_steps(n, buckets=6):
+        for s in dp_vs_ddp.iteration_steps(n, buckets=6):
             assert len(s.dp.summary) <= 64 and len(s.ddp.summary) <= 64, s.phase

@@ -9,8 +9,8 @@ import pytest
 import torch
 from dpbook import memory, shapes
 from dpbook.models import MLP, num_params
-from dpbook.widgets import ledger as L
-from dpbook.widgets.ledger import render as S
+from dpbook.widgets import ledger
+from dpbook.widgets.ledger import render
 from dpbook.style import PALETTE
 
 GB = 1e9
@@ -41,10 +41,10 @@ def test_meta_device_model_has_the_closed_form_count(key):
 @pytest.mark.parametrize("phase", memory.PHASES)
 def test_bars_are_vram_ledger(precision, phase):
     p = shapes.presets()["llama-13b"]
-    frames = L.ledger_frames("llama-13b", strategies=memory.STRATEGIES, precision=precision,
+    frames = ledger.ledger_frames("llama-13b", strategies=memory.STRATEGIES, precision=precision,
                              optimizer="sgd_momentum", phase=phase, shard_size=4,
                              activation_bytes=3 * GB)
-    assert [f.world_size for f in frames] == list(L.WORLD_SIZES)
+    assert [f.world_size for f in frames] == list(ledger.WORLD_SIZES)
     for f in frames:
         for bar, strategy in zip(f.bars, memory.STRATEGIES):
             shard = min(4, f.world_size) if strategy == "HYBRID_SHARD" else None
@@ -55,12 +55,12 @@ def test_bars_are_vram_ledger(precision, phase):
 
 
 def test_drawn_heights_are_proportional_to_the_ledger():
-    frames = L.ledger_frames("llama-7b")
-    top = S.axis_top(frames)
+    frames = ledger.ledger_frames("llama-7b")
+    top = render.axis_top(frames)
     frame = frames[3]  # N = 8: every bar under the top of the axis
     assert frame.world_size == 8 and all(b.ledger.total < top for b in frame.bars)
-    root = ET.fromstring(S.render(frame, top))
-    scale = (S.PLOT_Y1 - S.PLOT_Y0) / top
+    root = ET.fromstring(render.render(frame, top))
+    scale = (render.PLOT_Y1 - render.PLOT_Y0) / top
     for field, colour in (("params", "blue"), ("grads", "orange"), ("optimizer", "green")):
         heights = [float(r.get("height")) for r in root.iter("{http://www.w3.org/2000/svg}rect")
                    if r.get("fill") == PALETTE[colour] and r.get("rx") == "0"]
@@ -69,7 +69,7 @@ def test_drawn_heights_are_proportional_to_the_ledger():
 
 
 def test_llama_7b_mixed_adam_fit_verdicts():
-    by_n = {f.world_size: {b.label: b for b in f.bars} for f in L.ledger_frames("llama-7b")}
+    by_n = {f.world_size: {b.label: b for b in f.bars} for f in ledger.ledger_frames("llama-7b")}
     ddp = by_n[8]["DDP"]
     assert ddp.ledger.total == 16 * LLAMA_7B  # 2 + 2 + 12 bytes per parameter
     assert round(ddp.ledger.total / GB, 1) == 107.8
@@ -80,25 +80,25 @@ def test_llama_7b_mixed_adam_fit_verdicts():
     assert full.ledger.state == 16 * LLAMA_7B / 8 + 2 * unit * 7 / 8
     assert all(full.fits)  # 13.8 GB per rank, even on 24 GB
     assert by_n[2]["FULL_SHARD"].fits == (False, False, True, True)
-    assert L.verdict(ddp) == "DDP cần 108 GB/rank, chỉ vừa GPU 141 GB"
-    assert L.verdict(full) == "FULL_SHARD cần 13,8 GB/rank, vừa mọi GPU"
-    assert L.verdict(by_n[4]["ZeRO-1"]) == "ZeRO-1 cần 47,2 GB/rank, vừa GPU từ 80 GB trở lên"
-    big = L.ledger_frames("llama-70b", world_sizes=(8,))[0].bars[0]
-    assert L.verdict(big).endswith("không vừa GPU nào")
-    assert "DDP cần 108 GB/rank, chỉ vừa GPU 141 GB" in L.ledger_frames("llama-7b")[3].caption
+    assert ledger.verdict(ddp) == "DDP cần 108 GB/rank, chỉ vừa GPU 141 GB"
+    assert ledger.verdict(full) == "FULL_SHARD cần 13,8 GB/rank, vừa mọi GPU"
+    assert ledger.verdict(by_n[4]["ZeRO-1"]) == "ZeRO-1 cần 47,2 GB/rank, vừa GPU từ 80 GB trở lên"
+    big = ledger.ledger_frames("llama-70b", world_sizes=(8,))[0].bars[0]
+    assert ledger.verdict(big).endswith("không vừa GPU nào")
+    assert "DDP cần 108 GB/rank, chỉ vừa GPU 141 GB" in ledger.ledger_frames("llama-7b")[3].caption
 
 
 def test_fits_is_a_plain_comparison_in_decimal_gb():
-    assert L.fits(80e9, (80,)) == (True,)
-    assert L.fits(80e9 + 1, (80,)) == (False,)
+    assert ledger.fits(80e9, (80,)) == (True,)
+    assert ledger.fits(80e9 + 1, (80,)) == (False,)
 
 
 def test_hybrid_shard_group_is_capped_by_the_world():
-    f = {fr.world_size: fr.bars[-1] for fr in L.ledger_frames("llama-7b")}
+    f = {fr.world_size: fr.bars[-1] for fr in ledger.ledger_frames("llama-7b")}
     assert f[4].shard_size == 4 and f[16].shard_size == 8 and f[64].shard_size == 8
     assert f[64].ledger == f[8].ledger  # replicas beyond one node do not shrink the state
     with pytest.raises(ValueError, match="HYBRID_SHARD"):
-        L.ledger_frames("llama-7b", world_sizes=(12,))
+        ledger.ledger_frames("llama-7b", world_sizes=(12,))
 
 
 @pytest.mark.parametrize("kwargs, word", [
@@ -114,7 +114,7 @@ def test_hybrid_shard_group_is_capped_by_the_world():
 ])
 def test_bad_inputs_say_what_is_allowed(kwargs, word):
     with pytest.raises(ValueError, match=word) as err:
-        L.ledger_frames(**kwargs)
+        ledger.ledger_frames(**kwargs)
     assert any(w in str(err.value) for w in ("không hợp lệ", "phải", "cần", "rỗng"))
 
 
@@ -123,24 +123,24 @@ def _texts(svg):
 
 
 def test_svg_is_valid_and_vietnamese():
-    frames = L.ledger_frames("gpt2-124m", strategies=memory.STRATEGIES, activation_bytes=GB)
-    top = S.axis_top(frames)
+    frames = ledger.ledger_frames("gpt2-124m", strategies=memory.STRATEGIES, activation_bytes=GB)
+    top = render.axis_top(frames)
     for f in frames:
-        svg = S.render(f, top)
+        svg = render.render(f, top)
         assert unicodedata.is_normalized("NFC", svg) and unicodedata.is_normalized("NFC", f.caption)
         texts = _texts(svg)
         for label in ("tham số", "gradient", "trạng thái bộ tối ưu", "activation", "GB mỗi rank",
                       "✓ vừa", "24 GB", "Vừa GPU?"):
             assert label in texts, label
     # a 70B model on 2 GPUs: bars broken at the top of the axis, totals written above them
-    frames = L.ledger_frames("llama-70b")
-    texts = _texts(S.render(frames[1], S.axis_top(frames)))
+    frames = ledger.ledger_frames("llama-70b")
+    texts = _texts(render.render(frames[1], render.axis_top(frames)))
     assert "↑ 1104 GB" in texts and "✗ không" in texts and "141 GB" in texts
 
 
 def test_player_builds_fast_for_the_largest_setting():
     t0 = time.perf_counter()
-    player = L.player("llama-70b", strategies=memory.STRATEGIES,
+    player = ledger.player("llama-70b", strategies=memory.STRATEGIES,
                              world_sizes=(1, 2, 4, 8, 16, 32, 64, 128), activation_bytes=GB)
     html = player.to_html()
     elapsed = time.perf_counter() - t0
@@ -149,7 +149,7 @@ def test_player_builds_fast_for_the_largest_setting():
 
 
 def test_live_controls_build():
-    box = L.controls()
+    box = ledger.controls()
     status = box.children[1].value
     assert status.startswith("Dựng lại"), status
 
@@ -158,12 +158,12 @@ def test_live_controls_build():
 def test_measured_state_equals_the_ledger():
     from dpbook import launch, measure
 
-    results = {s: launch.spawn(measure.measure_step, L.measured_parallel(s), world_size=2,
+    results = {s: launch.spawn(measure.measure_step, ledger.measured_parallel(s), world_size=2,
                                backend="gloo", timeout=180, output="none")[0]
                for s in ("DDP", "SHARD_GRAD_OP")}
-    for strategy, predicted, measured in L.compare(results):
+    for strategy, predicted, measured in ledger.compare(results):
         assert measured == predicted, strategy
-    frame = L.measured_frame(results)
+    frame = ledger.measured_frame(results)
     assert [b.label for b in frame.bars] == ["dự đoán", "đo được"] * 2
-    texts = _texts(S.render(frame))
+    texts = _texts(render.render(frame))
     assert "44,6 KB" in texts and "22,3 KB" in texts and "SHARD_GRAD_OP" in texts

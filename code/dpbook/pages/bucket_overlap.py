@@ -1,16 +1,57 @@
-"""Section 4.1.4 (buckets and overlap): the page's two figures, drawn from ``dpbook.overlap``:
-the cost of one AllReduce against its size, and the step time against the bucket cap.
+"""Section 4.1.4 (buckets and overlap): the page's two figures, drawn from ``dpbook.overlap``
+(the cost of one AllReduce against its size, the step time against the bucket cap), GPT-2's
+parameter tensors for the size comparison, and the page's gradient-accumulation run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from ..buckets import Param, cap_limits
+import torch
+
+from ..accumulation import accumulate_worker, reference_gradient
+from ..buckets import Bucket, Param, assign_buckets, cap_limits, model_params, ready_order
 from ..costs import alpha_beta_time
+from ..launch import describe_mode, spawn
+from ..models import BUCKET_NET_D_IN, build_bucket_net
 from ..overlap import (DEFAULT_ALPHA, DEFAULT_BANDWIDTH, DEFAULT_WORLD_SIZE, cap_sweep,
                        compare_strategies, half_size)
+from ..shapes import SHAPES, meta_model
 from ..style import MIB, PALETTE
+
+GPT2 = "gpt2-124m"
+
+
+def gpt2_params() -> list[Param]:
+    """GPT-2 124M's parameter tensors in DDP's order, from a model on the meta device (sizes
+    only, no memory)."""
+    return model_params(meta_model(SHAPES[GPT2][1]))
+
+
+@dataclass(frozen=True)
+class AccumulationRun:
+    """The page's ``no_sync`` run: what each rank returned (``accumulate_worker``), the gradient
+    of the whole global batch on one plain model, and the buckets DDP's default caps make of the
+    float64 model."""
+
+    mode: str  # how the ranks ran, for the reader
+    ranks: list[dict]
+    reference: torch.Tensor
+    default_buckets: list[Bucket]
+
+
+def accumulation_run(world_size: int, accumulation_steps: int,
+                     micro_batch: int) -> AccumulationRun:
+    """Accumulate ``accumulation_steps`` micro-batches on ``world_size`` DDP ranks, each way of
+    ``accumulation.MODES``."""
+    ranks = spawn(accumulate_worker, world_size=world_size,
+                  accumulation_steps=accumulation_steps, micro_batch=micro_batch)
+    model = build_bucket_net().double()
+    example = torch.randn(4, BUCKET_NET_D_IN, dtype=torch.float64)
+    default = assign_buckets(model_params(model), cap_limits(None), ready_order(model, example))
+    return AccumulationRun(describe_mode(world_size), ranks,
+                           reference_gradient(world_size, accumulation_steps, micro_batch), default)
 
 
 def allreduce_cost_figure(world_size: int = DEFAULT_WORLD_SIZE, alpha: float = DEFAULT_ALPHA,

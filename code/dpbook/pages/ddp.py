@@ -16,6 +16,9 @@ The page's figures, drawn from what those runs returned:
 * ``timeline_rows`` / ``collectives_figure``: the collectives one rank issued, in order, from
   DDP's construction through a few training steps, as bars of their size in bytes.
 
+``preset_states``: the model state one GPU holds under DDP for a few well-known models, the
+page's argument that DDP stops at some model size whatever the number of GPUs.
+
 Colours are the book's colour-blind-safe palette (``dpbook.style``); labels are Vietnamese."""
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from ..checks import int_at_least
 from ..data import synthetic_regression
 from ..launch import device
 from ..measure import CommLog
+from ..memory import vram_ledger
 from ..models import build_mlp
+from ..shapes import Preset, presets
 from ..style import PALETTE, rank_colour
 from ..train import cpu_copy
 
@@ -206,3 +211,14 @@ def collectives_figure(rows: list[Row]):
               loc="upper left", frameon=False, ncol=len(kinds))
     fig.tight_layout()
     return fig
+
+
+STATE_PRESETS = ("gpt2-124m", "llama-7b", "llama-13b")
+
+
+def preset_states(keys=STATE_PRESETS, world_size: int = 8) -> dict[str, tuple[Preset, float]]:
+    """Each preset and the bytes of model state (parameters, gradients, Adam) on one GPU under
+    DDP with mixed precision; the same for every ``world_size``."""
+    known = presets()
+    return {k: (known[k], vram_ledger(known[k].num_params, world_size, "DDP",
+                                      precision="mixed").state) for k in keys}

@@ -16,9 +16,13 @@ import torch.distributed as dist
 from torch import nn
 
 from ..buckets import Bucket, Param, cap_limits, ddp_kwargs, ddp_named_params, model_params
+from ..launch import describe_mode, spawn
 from ..models import BUCKET_NET_D_IN, build_bucket_net
 from ..overlap import DEFAULT_BATCH, CommSpan, LayerSpan, Timeline, layer_times
 
+# The model stays on the CPU, and the time stamps are host clocks: on a GPU they would time
+# kernel launches, not the work.
+BACKEND = "gloo"
 BASELINE_CAP_MB = 1000.0  # larger than the demo model: one bucket
 CAP_CHOICES_MB = (0.02, 0.05, 0.1, 0.2, 0.5)  # the caps the widget offers, all measured below
 
@@ -141,14 +145,17 @@ def ddp_bucket_worker(rank: int, world_size: int, configs=((0.1, None),),
 MEASURED_CONFIGS = tuple((c, None) for c in CAP_CHOICES_MB) + ((0.1, 0.02),)
 
 
+def describe(world_size: int = 2) -> str:
+    """How ``measure`` runs its ranks, in the reader's words."""
+    return describe_mode(world_size, backend=BACKEND)
+
+
 def measure(configs=MEASURED_CONFIGS, batch: int = DEFAULT_BATCH,
             world_size: int = 2, **spawn_kwargs) -> dict:
     """Run ``ddp_bucket_worker`` on ``world_size`` gloo ranks (about 3-5 s here); return rank
     0's traces keyed by ``(bucket_cap_mb, first_bucket_cap_mb)``."""
-    from ..launch import spawn
-
     results = spawn(ddp_bucket_worker, tuple(configs), batch, world_size=world_size,
-                    backend="gloo", **spawn_kwargs)
+                    backend=BACKEND, **spawn_kwargs)
     return {(t.bucket_cap_mb, t.first_bucket_cap_mb): t for t in results[0]}
 
 
