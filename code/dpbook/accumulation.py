@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from .averaging import flat_grad, loss_fn
 from .checks import int_at_least, one_of
-from .data import synthetic_regression
+from .data import rank_batch, synthetic_regression
 from .launch import device
 from .measure import CommLog
 from .models import BUCKET_NET_D_IN, build_bucket_net
@@ -46,12 +46,6 @@ def global_batch(world_size: int, accumulation_steps: int, micro_batch: int,
     return tuple(t.double() for t in ds.tensors)
 
 
-def micro_slice(rank: int, world_size: int, step: int, micro_batch: int) -> slice:
-    """Rows of micro-batch ``step`` of ``rank``: disjoint, and together the whole global batch."""
-    start = (step * world_size + rank) * micro_batch
-    return slice(start, start + micro_batch)
-
-
 def reference_gradient(world_size: int, accumulation_steps: int, micro_batch: int,
                        seed: int = 0) -> torch.Tensor:
     """One plain model (no DDP), one backward on the whole global batch: the target gradient."""
@@ -67,13 +61,14 @@ def _accumulate(ddp, x, y, mode: str, rank: int, world_size: int, k_steps: int, 
     records = []
     for k in range(k_steps):
         last = k == k_steps - 1
-        rows = micro_slice(rank, world_size, k, b)
+        # micro-batch k of every rank, then k + 1: disjoint, together the whole global batch
+        xk, yk = rank_batch((x, y), rank, b, x.device, start=k * world_size * b)
         fwd_ctx = ddp.no_sync() if mode == "no_sync" and not last else contextlib.nullcontext()
         bwd_ctx = (ddp.no_sync() if mode == "no_sync_backward_only" and not last
                    else contextlib.nullcontext())
         with CommLog() as log:
             with fwd_ctx:
-                loss = loss_fn(ddp(x[rows]), y[rows]) / k_steps  # mean over the K micro-batches
+                loss = loss_fn(ddp(xk), yk) / k_steps  # mean over the K micro-batches
             with bwd_ctx:
                 loss.backward()
         records.append(log.records)
@@ -95,9 +90,9 @@ def accumulate_worker(rank: int, world_size: int, modes=MODES, accumulation_step
     x, y = (t.to(dev) for t in global_batch(world_size, accumulation_steps, micro_batch, seed))
     # Warm-up: two synchronised steps. DDP records the gradient-ready order in the first and
     # rebuilds its buckets at the start of the second forward (a few small Broadcasts).
-    first = micro_slice(rank, world_size, 0, micro_batch)
+    x0, y0 = rank_batch((x, y), rank, micro_batch, dev)
     for _ in range(2):
-        loss_fn(ddp(x[first]), y[first]).backward()
+        loss_fn(ddp(x0), y0).backward()
         ddp.zero_grad(set_to_none=True)
     runs = {}
     for m in modes:

@@ -134,14 +134,23 @@ def plan(world_size: int | None = None, backend: str = "auto") -> Plan:
     if world_size is None:
         world_size = gpus if gpus >= 2 else 2
     int_at_least("world_size", world_size)
-    if backend == "nccl" and gpus < world_size:
-        raise ValueError(
-            f"backend='nccl' cần một GPU cho mỗi rank: yêu cầu {world_size} GPU nhưng chỉ tìm "
-            f"thấy {gpus}. Hãy giảm world_size hoặc dùng backend='gloo' (CPU)."
-        )
-    if backend == "auto":
-        backend = "nccl" if gpus >= world_size else "gloo"
+    backend = pick_backend(backend, gpus, world_size, asked="backend='nccl'",
+                           fix="Hãy giảm world_size hoặc dùng backend='gloo' (CPU).")
     return Plan(backend, "cuda" if backend == "nccl" else "cpu", world_size, gpus)
+
+
+def pick_backend(requested: str, gpus: int, needed: int, asked: str, fix: str) -> str:
+    """The book's one rule for a backend, under ``spawn`` and under torchrun: NCCL when this host
+    has a GPU for each of the ``needed`` ranks it runs, else gloo on the CPU. ``requested`` may
+    force either; ``nccl`` without the GPUs is refused with ``asked`` (how it was requested) and
+    ``fix`` (what to do instead) in the message."""
+    one_of("backend", requested, BACKENDS)
+    if requested == "nccl" and gpus < needed:
+        raise ValueError(f"{asked} cần một GPU cho mỗi rank trên máy này: cần {needed} GPU nhưng "
+                         f"chỉ thấy {gpus}. {fix}")
+    if requested == "auto":
+        return "nccl" if gpus >= needed else "gloo"
+    return requested
 
 
 def describe_mode(world_size: int | None = None, backend: str = "auto") -> str:

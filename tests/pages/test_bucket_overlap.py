@@ -5,7 +5,7 @@ import matplotlib
 import pytest
 import torch
 
-from dpbook import accumulation, buckets, costs, launch, overlap, shapes
+from dpbook import accumulation, buckets, costs, data, launch, overlap, shapes
 from dpbook.averaging import flat_grad, loss_fn
 from dpbook.models import build_bucket_net
 from dpbook.pages import bucket_overlap
@@ -74,13 +74,14 @@ def test_figures_draw():
     plt.close("all")
 
 
-def test_micro_slices_partition_the_global_batch():
+def test_micro_batches_partition_the_global_batch():
     n, k, b = 3, 4, 5
     x, y = accumulation.global_batch(n, k, b)
     assert x.shape == (n * k * b, 32) and y.shape == (n * k * b, accumulation.OUT_DIM)
     assert x.dtype == y.dtype == torch.float64
+    index = torch.arange(len(x))
     rows = sorted(i for r in range(n) for s in range(k)
-                  for i in range(*accumulation.micro_slice(r, n, s, b).indices(len(x))))
+                  for i in data.rank_batch((index,), r, b, x.device, start=s * n * b)[0].tolist())
     assert rows == list(range(len(x)))
 
 
@@ -92,8 +93,8 @@ def test_reference_is_the_mean_of_micro_batch_gradients():
     x, y = accumulation.global_batch(n, k, b)
     for r in range(n):
         for s in range(k):
-            rows = accumulation.micro_slice(r, n, s, b)
-            (loss_fn(model(x[rows]), y[rows]) / (k * n)).backward()
+            xs, ys = data.rank_batch((x, y), r, b, x.device, start=s * n * b)
+            (loss_fn(model(xs), ys) / (k * n)).backward()
     summed = flat_grad(model)
     assert torch.allclose(summed, accumulation.reference_gradient(n, k, b), atol=1e-12, rtol=0)
 

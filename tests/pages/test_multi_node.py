@@ -50,7 +50,7 @@ def test_choose_backend_with_the_ranks_found_on_this_host(host_ranks, gpus, expe
 def test_a_forced_backend_is_obeyed_or_refused():
     assert worker.choose_backend({**ENV, "DPBOOK_BACKEND": "gloo"}, 8) == ("gloo", None)
     assert worker.choose_backend({**ENV, "DPBOOK_BACKEND": "nccl"}, 2) == ("nccl", 1)
-    with pytest.raises(RuntimeError, match="DPBOOK_BACKEND=nccl cần 2 GPU"):
+    with pytest.raises(ValueError, match="DPBOOK_BACKEND=nccl cần một GPU cho mỗi rank .*cần 2 GPU"):
         worker.choose_backend({**ENV, "DPBOOK_BACKEND": "nccl"}, 1)
     with pytest.raises(ValueError, match="chỉ nhận gloo hoặc nccl"):
         worker.choose_backend({**ENV, "DPBOOK_BACKEND": "mpi"}, 2)

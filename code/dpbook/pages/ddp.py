@@ -32,7 +32,7 @@ from torch import nn
 
 from .. import vi
 from ..checks import int_at_least
-from ..data import synthetic_regression
+from ..data import rank_batch, synthetic_regression
 from ..launch import device
 from ..measure import CommLog
 from ..memory import vram_ledger
@@ -87,8 +87,7 @@ def ddp_lifecycle(rank: int, world_size: int, steps: int = 3, batch_size: int = 
     ds = synthetic_regression(steps * batch_size * world_size, IN_DIM, OUT_DIM)
     step_records = []
     for step in range(steps):
-        start = (step * world_size + rank) * batch_size
-        x, y = (t[start:start + batch_size].to(dev) for t in ds.tensors)
+        x, y = rank_batch(ds.tensors, rank, batch_size, dev, start=step * world_size * batch_size)
         with CommLog() as log:
             loss = nn.functional.mse_loss(ddp(x), y)
             loss.backward()

@@ -14,7 +14,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from ..launch import BACKENDS as LAUNCH_BACKENDS
+from ..launch import BACKENDS as LAUNCH_BACKENDS, pick_backend
 from ..launch import INIT_BARRIER, device, leave_groups
 from . import BACKEND_VAR
 
@@ -92,13 +92,9 @@ def choose_backend(environ: dict, gpus: int,
     if forced and forced not in BACKENDS:
         raise ValueError(f"{BACKEND_VAR}={forced!r} không hợp lệ: chỉ nhận {' hoặc '.join(BACKENDS)} "
                          "(hoặc bỏ trống để tự chọn theo số GPU).")
-    if forced == "gloo" or (not forced and gpus < needed):
-        return "gloo", None
-    if gpus < needed:
-        raise RuntimeError(f"{BACKEND_VAR}=nccl cần {needed} GPU trên máy này (một GPU cho mỗi "
-                           f"worker của máy), nhưng chỉ thấy {gpus}. Bỏ {BACKEND_VAR} để chạy "
-                           "gloo trên CPU, hoặc giảm --nproc_per_node.")
-    return "nccl", index
+    backend = pick_backend(forced or "auto", gpus, needed, asked=f"{BACKEND_VAR}=nccl",
+                           fix=f"Bỏ {BACKEND_VAR} để chạy gloo trên CPU, hoặc giảm --nproc_per_node.")
+    return backend, (index if backend == "nccl" else None)
 
 
 _SEEN: dict = {}  # what init_from_env learnt about this process (host_ranks_seen)
