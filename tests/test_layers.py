@@ -4,7 +4,8 @@ Every module of ``dpbook`` belongs to a layer and imports only from its own laye
 read from the source with ``ast`` (imports inside functions count: they hide cycles, not remove
 them). On top: no import cycles, no ``_private`` name imported from another module, code for one
 page does not import another page's, a widget does not import another widget, and the notebooks
-import the package by concept name, without aliases, at most six modules each.
+import the package by concept name, without aliases, at most six modules each (the vocabulary
+modules ``vi`` and ``style`` not counted).
 
 The test started with the old layout's violations in a list that could only shrink; the list
 is gone with the last of them, so any violation now fails.
@@ -34,6 +35,9 @@ SHARED_WIDGET_MODULES = {"player", "svg", "live"}  # what every widget may use
 WIDGET_AGGREGATORS = {"export", "__main__"}  # these import every widget on purpose
 MAX_TOP_LEVEL_MODULES = 22
 MAX_PAGE_IMPORTS = 6
+# How a number looks (``vi``) and the palette (``style``) are not concepts a page teaches: every
+# page may print through ``vi`` (``tests/test_style.py`` requires it) without giving up a concept.
+NOT_COUNTED = {"dpbook.vi", "dpbook.style"}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -176,8 +180,9 @@ def page_problems(package: set[str]) -> list[str]:
         page = nb.relative_to(ROOT / "book").as_posix()
         mods, aliases = _notebook_imports(nb, package)
         out += [f"alias: {page} imports {a}" for a in aliases]
-        if len(mods) > MAX_PAGE_IMPORTS:
-            out.append(f"too many imports: {page} imports {len(mods)} package modules")
+        counted = mods - NOT_COUNTED
+        if len(counted) > MAX_PAGE_IMPORTS:
+            out.append(f"too many imports: {page} imports {len(counted)} package modules")
         pages = {m for m in mods if m.startswith("dpbook.pages.")}
         if len(pages) > 1:
             out.append(f"several page modules: {page} imports {sorted(pages)}")

@@ -13,14 +13,43 @@ from .style import GB, KB, MB
 NARROW_NBSP = "\u202f"  # the thousands separator of the book's prose and printed outputs
 
 
-def number(x: float, decimals: int = 0, *, trim: bool = False, group: str = "") -> str:
+def _vietnamese(text: str, group: str = "") -> str:
+    """Python's ``1,234.5`` as the book writes it: ``1 234,5`` (``group`` between thousands)."""
+    return text.replace(",", "\0").replace(".", ",").replace("\0", group)
+
+
+def number(x: float, decimals: int = 0, *, trim: bool = False, group: str = "",
+           sign: bool = False) -> str:
     """``x`` with ``decimals`` digits after a decimal comma; ``trim`` drops trailing zeros (and
     the comma); ``group`` separates thousands (``NARROW_NBSP`` in prose, a plain space where a
-    renderer measures text by characters)."""
-    text = f"{x:,.{decimals}f}" if group else f"{x:.{decimals}f}"
+    renderer measures text by characters); ``sign`` writes ``+`` before a positive number."""
+    spec = ("+" if sign else "") + ("," if group else "") + f".{decimals}f"
+    text = format(x, spec)
     if trim and "." in text:
         text = text.rstrip("0").rstrip(".")
-    return text.replace(",", "\0").replace(".", ",").replace("\0", group)
+    return _vietnamese(text, group)
+
+
+def general(x: float, digits: int = 6) -> str:
+    """Python's ``:g`` (``digits`` significant digits, no trailing zeros, an exponent for very
+    large or small numbers) with a decimal comma: ``0,875``, ``7e+09``."""
+    return _vietnamese(format(x, f".{digits}g"))
+
+
+_SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+def sci(x: float, decimals: int = 1) -> str:
+    """Scientific notation as a reader writes it: ``1,2·10⁻⁷`` (``0`` stays ``0``)."""
+    if x == 0:
+        return "0"
+    mantissa, exponent = format(x, f".{decimals}e").split("e")
+    return f"{_vietnamese(mantissa)}·10{str(int(exponent)).translate(_SUPERSCRIPT)}"
+
+
+def percent(fraction: float, decimals: int = 1) -> str:
+    """A fraction as a percentage: ``0.125`` -> ``12,5%``."""
+    return f"{number(100 * fraction, decimals)}%"
 
 
 def short(x: float) -> str:

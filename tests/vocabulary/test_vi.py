@@ -42,3 +42,13 @@ def test_one_palette_one_set_of_sizes():
     assert style.rank_colour(0) == style.PALETTE["orange"] == style.rank_colour(8)
     assert style.series_colour(0) == style.PALETTE["blue"]
     assert all(c.startswith("#") and len(c) == 7 for c in style.PALETTE.values())
+
+
+def test_the_shapes_of_printed_numbers():
+    assert vi.number(0.5, 4, sign=True) == "+0,5000" and vi.number(-0.5, 4, sign=True) == "-0,5000"
+    assert vi.number(6_738_415_616, 0, group=vi.NARROW_NBSP) == "6\u202f738\u202f415\u202f616"
+    assert vi.general(0.875) == "0,875" and vi.general(7e9) == "7e+09" and vi.general(25) == "25"
+    assert vi.general(1 / 3, 3) == "0,333"
+    assert vi.sci(1.23e-7) == "1,2·10⁻⁷" and vi.sci(3.4e12, 2) == "3,40·10¹²" and vi.sci(0) == "0"
+    assert vi.sci(-2.5e-13) == "-2,5·10⁻¹³"
+    assert vi.percent(0.125) == "12,5%" and vi.percent(1, 0) == "100%"
