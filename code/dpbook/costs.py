@@ -175,3 +175,55 @@ def parameter_server_bytes(nbytes: float, world_size: int, num_servers: int = 1)
     int_at_least("world_size", world_size)
     int_at_least("num_servers", num_servers)
     return ServerVolume(worker=float(nbytes), server=world_size * nbytes / num_servers)
+
+
+ROOTED = ("broadcast", "reduce")
+ROUTES = ("chain", "star")
+
+
+@dataclass(frozen=True)
+class RankTraffic:
+    """Bytes each rank sends and receives in one collective; index ``k`` is rank ``k``."""
+
+    sent: tuple[float, ...]
+    received: tuple[float, ...]
+
+    @property
+    def traffic(self) -> tuple[float, ...]:
+        """Bytes in + out of each rank."""
+        return tuple(s + r for s, r in zip(self.sent, self.received))
+
+
+def rooted_links(collective: str, world_size: int, route: str = "chain") -> list[tuple[int, int]]:
+    """The (source, destination) pairs of a Broadcast from rank 0 or a Reduce onto rank 0.
+
+    ``route="chain"``: NCCL's pipelined ring with the ranks in index order. Broadcast runs
+    0 -> 1 -> ... -> N-1; Reduce runs 1 -> 2 -> ... -> N-1 -> 0, the ring ending at the root.
+    NCCL picks the real order from the topology (NVLink first).
+    ``route="star"``: a direct copy between the root and each other rank, what
+    ``torch.nn.parallel.comm`` does without NCCL."""
+    one_of("collective", collective, ROOTED)
+    one_of("route", route, ROUTES)
+    int_at_least("world_size", world_size)
+    n = world_size
+    if route == "star":
+        pairs = [(0, k) for k in range(1, n)]
+        return pairs if collective == "broadcast" else [(k, 0) for _, k in pairs]
+    if collective == "broadcast":
+        return [(k, k + 1) for k in range(n - 1)]
+    return [(k, (k + 1) % n) for k in range(1, n)]
+
+
+def rooted_bytes(collective: str, nbytes: float, world_size: int,
+                 route: str = "chain") -> RankTraffic:
+    """Per-rank bytes of a Broadcast from rank 0, or a Reduce onto rank 0, of ``nbytes``, over
+    ``rooted_links``. On the chain every link used carries the buffer once: no rank sends or
+    receives more than ``nbytes`` (``ring_bytes``). On the star the root sends (Broadcast) or
+    receives (Reduce) ``(N-1) * nbytes`` (``naive_all_reduce_bytes``)."""
+    non_negative("nbytes", nbytes)
+    links = rooted_links(collective, world_size, route)
+    sent, received = [0.0] * world_size, [0.0] * world_size
+    for src, dst in links:
+        sent[src] += float(nbytes)
+        received[dst] += float(nbytes)
+    return RankTraffic(tuple(sent), tuple(received))

@@ -69,3 +69,42 @@ def test_alpha_beta_has_latency_and_bandwidth_terms():
 def test_bad_inputs_raise_value_error(call):
     with pytest.raises(ValueError):
         call()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_chain_broadcast_and_reduce_carry_the_buffer_once_per_link(n):
+    b = 1000.0
+    bcast, red = costs.rooted_bytes("broadcast", b, n), costs.rooted_bytes("reduce", b, n)
+    # Broadcast 0 -> 1 -> ... -> N-1: all but the last send b, all but the root receive b
+    assert bcast.sent == tuple([b] * (n - 1) + [0.0]) if n > 1 else bcast.sent == (0.0,)
+    assert bcast.received == (0.0,) + (b,) * (n - 1)
+    # Reduce 1 -> 2 -> ... -> N-1 -> 0: all but the root send b, all but rank 1 receive b
+    assert red.sent == (0.0,) + (b,) * (n - 1)
+    assert red.received == ((b,) + (0.0,) + (b,) * (n - 2) if n > 1 else (0.0,))
+    assert sum(bcast.sent) == sum(bcast.received) == sum(red.sent) == (n - 1) * b
+    if n > 1:
+        assert max(bcast.sent) == max(red.received) == costs.ring_bytes("broadcast", b, n) == b
+    assert costs.rooted_links("reduce", n) == [(k, (k + 1) % n) for k in range(1, n)]
+    assert bcast.traffic == tuple(s + r for s, r in zip(bcast.sent, bcast.received))
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_star_route_is_the_naive_scheme_at_the_root(n):
+    b = 1000.0
+    bcast = costs.rooted_bytes("broadcast", b, n, "star")
+    red = costs.rooted_bytes("reduce", b, n, "star")
+    assert bcast.sent[0] == red.received[0] == costs.naive_all_reduce_bytes(b, n) == (n - 1) * b
+    assert bcast.sent[1:] == red.received[1:] == (0.0,) * (n - 1)
+    assert bcast.received[1:] == red.sent[1:] == (b,) * (n - 1)
+    assert costs.rooted_links("broadcast", n, "star") == [(0, k) for k in range(1, n)]
+
+
+@pytest.mark.parametrize("call, word", [
+    (lambda: costs.rooted_bytes("all_reduce", 10, 2), "collective"),
+    (lambda: costs.rooted_bytes("broadcast", 10, 2, "tree"), "route"),
+    (lambda: costs.rooted_bytes("broadcast", -1, 2), "nbytes"),
+    (lambda: costs.rooted_links("reduce", 0), "world_size"),
+])
+def test_rooted_bytes_rejects_bad_inputs(call, word):
+    with pytest.raises(ValueError, match=word):
+        call()

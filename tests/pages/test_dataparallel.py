@@ -157,3 +157,37 @@ def test_available_cores_is_within_the_machine():
     assert 1 <= gil.available_cores() <= (__import__("os").cpu_count() or 1)
     limit = gil._cgroup_cpu_limit()
     assert limit is None or limit > 0
+
+
+# ------------------------------------------------------------------ how DP moves data
+
+def test_dp_moves_data_as_the_page_says_in_torchs_source():
+    rows = dataparallel.comm_source_lines()
+    assert len(rows) == len(dataparallel.COMM_LINES) and all(found for *_, found in rows)
+    files = {file for file, *_ in rows}
+    assert files == {"torch/nn/parallel/scatter_gather.py", "torch/nn/parallel/_functions.py",
+                     "torch/nn/parallel/comm.py", "torch/nn/parallel/replicate.py"}
+    # a line that is not there is reported as missing, not hidden
+    fake = (("torch.nn.parallel.comm", "reduce_add", "nccl.all_reduce(inputs)"),)
+    assert dataparallel.comm_source_lines(fake)[0][3] is False
+    import torch.cuda.comm
+    from torch.nn.parallel import comm
+    assert torch.cuda.comm.reduce_add is comm.reduce_add
+
+
+def test_weaknesses_are_one_list_of_six():
+    assert len(dataparallel.WEAKNESSES) == len(set(dataparallel.WEAKNESSES)) == 6
+    assert "GIL" in dataparallel.WEAKNESSES[0] and "mọi bước" in dataparallel.WEAKNESSES[1]
+
+
+def test_traffic_and_rooted_reports_are_vietnamese_numbers():
+    text = dataparallel.traffic_report((4, 8))
+    assert text.splitlines()[0] == ("N = 4: DP, GPU 0 272 MB; DP, GPU bận nhất 419 MB; DDP, mỗi "
+                                    "GPU 316 MB; DP không có NCCL, GPU 0 681 MB")
+    assert "1,5 GB" in text.splitlines()[1]
+    report = dataparallel.rooted_report("broadcast", 4e9, 4).splitlines()
+    assert report[0] == "Broadcast 4 GB, N = 4"
+    assert report[2].split() == ["GPU", "0", "gửi", "4", "GB,", "nhận", "0", "B", "gửi", "12", "GB,",
+                                 "nhận", "0", "B"]
+    with pytest.raises(ValueError, match="collective"):
+        dataparallel.rooted_report("all_reduce", 1.0, 2)

@@ -1,5 +1,5 @@
-"""DP against DDP in one iteration: the step model's traffic against closed forms, GPU 0's
-extra load on the DP side, the GIL and overlap steps, and the SVG."""
+"""DP against DDP in one training step: the frame model's traffic against closed forms (NCCL chains
+for DP's Broadcast and Reduce, the star fallback), GPU 0's copies, the GIL and overlap, and the SVG."""
 
 import time
 import unicodedata
@@ -28,34 +28,61 @@ def _delta(steps, name, side):
             [a - b for a, b in zip(after.received, recv_before)])
 
 
+def _dp_closed_form(n):
+    """DP with NCCL, per GPU: GPU 0 copies X and O; Broadcast and Reduce are chains."""
+    gpu0 = X * (2 * n - 1) / n + 2 * M + 2 * (n - 1) / n * OUT
+    ends = X / n + (2 * M if n == 2 else 3 * M) + 2 * OUT / n  # GPU 1 and GPU N-1
+    middle = X / n + 4 * M + 2 * OUT / n
+    return [gpu0, ends] + [middle] * (n - 3) + ([ends] if n > 2 else [])
+
+
 @pytest.mark.parametrize("n", range(2, 9))
 @pytest.mark.parametrize("buckets", [1, 3])
 def test_final_traffic_matches_the_closed_forms(n, buckets):
     steps = dp_vs_ddp.iteration_steps(n, buckets=buckets)
     assert len(steps) == n + buckets + 6
     dp, ddp = steps[-1].dp.traffic, steps[-1].ddp.traffic
-    gpu0 = X * (2 * n - 1) / n + 2 * (n - 1) * M + 2 * (n - 1) / n * OUT
-    other = X / n + 2 * M + 2 * OUT / n
     each = X / n + 4 * (n - 1) / n * M
-    assert dp[0] == pytest.approx(gpu0) and dp[1:] == pytest.approx([other] * (n - 1))
+    assert dp == pytest.approx(_dp_closed_form(n))
     assert ddp == pytest.approx([each] * n)
-    assert dp_vs_ddp.traffic_totals(n) == pytest.approx({"dp_gpu0": gpu0, "dp_other": other, "ddp": each})
+    totals = dp_vs_ddp.traffic_totals(n)
+    assert totals["dp"] == pytest.approx(dp) and totals["ddp"] == pytest.approx(ddp)
+
+
+@pytest.mark.parametrize("n", range(2, 9))
+def test_star_fallback_without_nccl_is_the_naive_scheme(n):
+    star = dp_vs_ddp.traffic_totals(n, route="star")["dp"]
+    gpu0 = X * (2 * n - 1) / n + 2 * (n - 1) * M + 2 * (n - 1) / n * OUT
+    assert star[0] == pytest.approx(gpu0)
+    assert star[0] == pytest.approx(X * (2 * n - 1) / n + 2 * costs.naive_all_reduce_bytes(M, n)
+                                    + 2 * (n - 1) / n * OUT)
+    assert star[1:] == pytest.approx([X / n + 2 * M + 2 * OUT / n] * (n - 1))
+    # the chain and the star agree for two GPUs (one link), and differ from three on
+    assert (star == pytest.approx(dp_vs_ddp.traffic_totals(n)["dp"])) == (n == 2)
 
 
 def test_worked_example_resnet50_on_4_gpus():
     t = dp_vs_ddp.traffic_totals(4)
-    assert (t["dp_gpu0"], t["dp_other"], t["ddp"]) == (681_189_312, 214_218_048, 316_318_176)
+    assert t["dp"] == (272_276_800, 316_446_176, 418_674_304, 316_446_176)
+    assert t["ddp"] == (316_318_176,) * 4
     final = dp_vs_ddp.iteration_steps(4)[-1]
-    assert final.dp.traffic[0] == t["dp_gpu0"] and set(final.ddp.traffic) == {t["ddp"]}
+    assert final.dp.traffic == t["dp"] and final.ddp.traffic == t["ddp"]
 
 
-@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
 def test_model_traffic_uses_the_costs_formulas(n):
     steps = dp_vs_ddp.iteration_steps(n)
+    for name, collective in (("Sao chép mô hình", "broadcast"), ("Cộng gradient", "reduce")):
+        sent, received = _delta(steps, name, "dp")
+        chain = costs.rooted_bytes(collective, M, n)
+        assert sent == pytest.approx(chain.sent) and received == pytest.approx(chain.received)
+        s = _phase(steps, name)
+        assert {(t.src, t.dst) for t in s.dp.transfers} == set(costs.rooted_links(collective, n))
+        assert {t.kind for t in s.dp.transfers} == {"nccl"}
+        assert max(sent) == pytest.approx(M) and M == costs.ring_bytes(collective, M, n)  # M at most
     sent, _ = _delta(steps, "Sao chép mô hình", "dp")
-    assert sent[0] == (n - 1) * M == costs.naive_all_reduce_bytes(M, n)  # replicate, every time
     _, received = _delta(steps, "Cộng gradient", "dp")
-    assert received[0] == costs.naive_all_reduce_bytes(M, n) and received[1:] == [0] * (n - 1)
+    assert sent[0] == pytest.approx(M) and received[0] == pytest.approx(M)  # not (N-1) M
     # DDP: the buckets add up to one ring AllReduce of all gradients, sent by every GPU
     ddp = steps[-1].ddp
     assert ddp.sent == pytest.approx([costs.ring_bytes("all_reduce", M, n)] * n)
@@ -65,16 +92,23 @@ def test_model_traffic_uses_the_costs_formulas(n):
 
 
 @pytest.mark.parametrize("n", range(2, 9))
-def test_gpu0_carries_more_on_dp_and_all_gpus_are_equal_on_ddp(n):
+def test_gpu0_copies_the_batch_and_outputs_on_dp_and_all_gpus_are_equal_on_ddp(n):
     steps = dp_vs_ddp.iteration_steps(n, buckets=4)
     for s in steps:
-        assert s.dp.traffic[0] >= max(s.dp.traffic[1:])
         assert len(set(s.ddp.traffic)) == 1
+    # scatter, gather and the outputs' gradients are plain copies, all through GPU 0
+    for name in ("Chia dữ liệu", "Gom đầu ra"):
+        ts = _phase(steps, name).dp.transfers
+        assert {t.kind for t in ts} == {"copy"} and all(0 in (t.src, t.dst) for t in ts)
+    first_backward = next(s for s in steps if s.phase.startswith("Lan truyền ngược"))
+    assert all(t.src == 0 and t.kind == "copy" for t in first_backward.dp.transfers)
+    copies = [t for s in steps for t in s.dp.transfers if t.kind == "copy"]
+    through0 = sum(t.nbytes for t in copies if 0 in (t.src, t.dst))
+    assert through0 == pytest.approx(X + (n - 1) / n * X + 2 * (n - 1) / n * OUT)
+    # DDP's bytes stay below X/N + 4 M; DP's busiest GPU is within 4 M + 2 X of it
     final = steps[-1]
-    assert final.dp.traffic[0] > max(final.dp.traffic[1:])
-    assert final.dp.traffic[0] > final.ddp.traffic[0]
-    # GPU 0's DP traffic grows with N; DDP's stays below X/N + 4 M
     assert final.ddp.traffic[0] < X / n + 4 * M
+    assert max(final.dp.traffic) < final.ddp.traffic[0] + 4 * M / n + 2 * X
 
 
 def test_counters_only_grow_and_host_copies_count_once():
@@ -110,7 +144,8 @@ def test_ddp_overlaps_allreduce_with_backward_and_dp_does_not():
         assert not s.dp.transfers
     last = _phase(steps, "Cộng gradient")
     assert last.ddp.state == ("comm",) * 4 and "bucket 3" in last.ddp.summary
-    assert {t.dst for t in last.dp.transfers} == {0}
+    # DP's Reduce comes after the whole backward, a chain that ends at GPU 0
+    assert {(t.src, t.dst) for t in last.dp.transfers} == {(1, 2), (2, 3), (3, 0)}
 
 
 def test_only_gpu0_computes_loss_and_optimizer_step_on_dp():
@@ -121,7 +156,8 @@ def test_only_gpu0_computes_loss_and_optimizer_step_on_dp():
     gather = _phase(steps, "Gom đầu ra")
     assert {t.dst for t in gather.dp.transfers} == {0} and not gather.ddp.transfers
     replicate = _phase(steps, "Sao chép mô hình")
-    assert {t.src for t in replicate.dp.transfers} == {0} and replicate.ddp.state == ("idle",) * 3
+    assert {(t.src, t.dst) for t in replicate.dp.transfers} == {(0, 1), (1, 2)}
+    assert replicate.ddp.state == ("idle",) * 3
 
 
 @pytest.mark.parametrize("kwargs, word", [
@@ -133,6 +169,11 @@ def test_only_gpu0_computes_loss_and_optimizer_step_on_dp():
 def test_bad_inputs_say_what_is_allowed(kwargs, word):
     with pytest.raises(ValueError, match=word):
         dp_vs_ddp.iteration_steps(**kwargs)
+
+
+def test_traffic_totals_rejects_an_unknown_route():
+    with pytest.raises(ValueError, match="route"):
+        dp_vs_ddp.traffic_totals(4, route="ring")
 
 
 def test_svg_is_valid_and_vietnamese():
@@ -150,6 +191,10 @@ def test_svg_is_valid_and_vietnamese():
     assert "→ luồng 1" in forward and "giữ GIL" in forward
     ring = render.render(steps[-2], len(steps) - 2, len(steps), top)
     assert "AllReduce bucket 3: mỗi GPU gửi 51,1 MB cho GPU kế tiếp (vòng)" in ring
+    chain = render.render(steps[1], 1, len(steps), top)
+    assert "bản sao mô hình: chuỗi NCCL, 102 MB mỗi chặng" in chain
+    reduce = render.render(steps[-2], len(steps) - 2, len(steps), top)
+    assert "gradient: chuỗi NCCL, 102 MB mỗi chặng" in reduce
 
 
 def test_player_builds_fast_for_the_largest_setting():

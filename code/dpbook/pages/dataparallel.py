@@ -10,6 +10,11 @@ measured against DDP on GPUs. (The GIL measurement of the same page is ``dpbook.
   ``ReduceAddCoalesced`` does on GPU 0.
 * ``backward_of``, ``dp_memory_floor``: what PyTorch's source says DP's backward does, and the
   training state DP leaves on GPU 0 against the other GPUs.
+* ``COMM_LINES``, ``comm_source_lines``: the lines of ``torch.nn.parallel`` that say how DP
+  moves data (scatter and gather are copies; replicate is a coalesced Broadcast and the backward
+  reduction ``comm.reduce_add``, NCCL's Broadcast and Reduce when NCCL is available), read from
+  the installed PyTorch. ``traffic_report``: the page's traffic table, through ``dpbook.vi``.
+* ``WEAKNESSES``: DataParallel's weaknesses, the one list the chapter's pages refer to.
 * ``measure_dataparallel`` (in this process) and ``ddp_step_worker`` (one rank, for
   ``launch.spawn``): the same model, the same global batch and Adam, timed step by step, with
   each device's peak memory; ``compare_dp_ddp`` runs both on the GPUs of this machine."""
@@ -24,17 +29,103 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .. import vi
 from ..checks import int_at_least
 from ..data import rank_batch
 from ..launch import spawn
 from ..measure import peak_memory, time_steps
+from ..costs import rooted_bytes
 from ..memory import bytes_per_param
 from ..models import build_mlp, num_params
 from ..train import apply_ddp, train_step
+from ..widgets.dp_vs_ddp import traffic_totals
 
 # A model large enough that DP's per-step copies show on a GPU, small enough for a 16 GB one:
 # 8 blocks of 2048 units, 33,571,840 parameters (134 MB in fp32; Adam's two moments add 269 MB).
 GPU_MODEL = {"in_dim": 1024, "hidden": 2048, "depth": 8, "out_dim": 1024}
+
+
+# DataParallel's weaknesses, in the words and the order of section 4.1.2; the chapter's and the
+# part's openers name the same six (tests/test_prose_numbers.py checks the three pages).
+WEAKNESSES = (
+    "một process, các luồng chung một GIL",
+    "sao chép lại mô hình ở mọi bước",
+    "cộng gradient sau lượt truyền ngược, không chồng lấp",
+    "GPU 0 gánh thêm bộ nhớ và việc",
+    "đầu vào và đầu ra dồn qua GPU 0",
+    "chỉ chạy trong một máy",
+)
+
+# (module, function, a line of its source): how DP moves data, in torch.nn.parallel.
+COMM_LINES = (
+    ("torch.nn.parallel.scatter_gather", "scatter", "Scatter.apply(target_gpus, None, dim, obj)"),
+    ("torch.nn.parallel._functions", "Scatter.forward",
+     "comm.scatter(input, target_gpus, chunk_sizes, ctx.dim, streams)"),
+    ("torch.nn.parallel.comm", "scatter", "torch._C._scatter(tensor, devices, chunk_sizes, dim, streams)"),
+    ("torch.nn.parallel.replicate", "replicate",
+     "param_copies = _broadcast_coalesced_reshape(params, devices, detach)"),
+    ("torch.nn.parallel.replicate", "_broadcast_coalesced_reshape",
+     "tensor_copies = Broadcast.apply(devices, *tensors)"),
+    ("torch.nn.parallel._functions", "Broadcast.forward",
+     "outputs = comm.broadcast_coalesced(inputs, ctx.target_gpus)"),
+    ("torch.nn.parallel.comm", "broadcast_coalesced",
+     "return torch._C._broadcast_coalesced(tensors, devices, buffer_size)"),
+    ("torch.nn.parallel._functions", "Broadcast.backward", "grads = ReduceAddCoalesced.apply("),
+    ("torch.nn.parallel._functions", "ReduceAddCoalesced.forward",
+     "results = comm.reduce_add_coalesced(grads_, destination)"),
+    ("torch.nn.parallel.comm", "reduce_add_coalesced",
+     "flat_result = reduce_add(flat_tensors, destination)"),
+    ("torch.nn.parallel.comm", "reduce_add", "if nccl.is_available(inputs):"),
+    ("torch.nn.parallel.comm", "reduce_add", "nccl.reduce(inputs, output=result, root=root_index)"),
+    ("torch.nn.parallel.comm", "reduce_add",
+     "result.add_(other.to(device=destination_device, non_blocking=True))"),
+    ("torch.nn.parallel.scatter_gather", "gather", "return Gather.apply(target_device, dim, *outputs)"),
+    ("torch.nn.parallel._functions", "Gather.forward",
+     "output = comm.gather(inputs, ctx.dim, ctx.target_device)"),
+    ("torch.nn.parallel.comm", "gather", "return torch._C._gather(tensors, dim, destination)"),
+)
+
+
+def comm_source_lines(lines=COMM_LINES) -> list[tuple[str, str, str, bool]]:
+    """``(file, function, line, found)`` for each of ``lines``, with ``found`` read from the
+    installed PyTorch's source by ``inspect.getsource`` (``file`` relative to ``torch/``)."""
+    import importlib
+    import inspect
+
+    rows = []
+    for module, qualname, line in lines:
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        source = " ".join(inspect.getsource(obj).split())
+        file = module.removeprefix("torch.").replace(".", "/") + ".py"
+        rows.append((f"torch/{file}", qualname, line, " ".join(line.split()) in source))
+    return rows
+
+
+def traffic_report(world_sizes=(2, 4, 8), **sizes) -> str:
+    """One line per N: bytes in + out of DP's GPU 0, DP's busiest GPU and one DDP GPU in one
+    step (``widgets.dp_vs_ddp.traffic_totals``, NCCL), and DP's GPU 0 without NCCL (star)."""
+    lines = []
+    for n in world_sizes:
+        chain, star = traffic_totals(n, **sizes), traffic_totals(n, route="star", **sizes)
+        lines.append(f"N = {n}: DP, GPU 0 {vi.nbytes(chain['dp'][0])}; DP, GPU bận nhất "
+                     f"{vi.nbytes(max(chain['dp']))}; DDP, mỗi GPU {vi.nbytes(chain['ddp'][0])}; "
+                     f"DP không có NCCL, GPU 0 {vi.nbytes(star['dp'][0])}")
+    return "\n".join(lines)
+
+
+def rooted_report(collective: str, nbytes: float, world_size: int) -> str:
+    """What each GPU sends and receives in DP's Broadcast (replicate) or Reduce (the gradients'
+    sum) of ``nbytes``: NCCL's chain next to the star of the fallback without NCCL."""
+    chain = rooted_bytes(collective, nbytes, world_size)
+    star = rooted_bytes(collective, nbytes, world_size, "star")
+    cell = lambda t, k: f"gửi {vi.nbytes(t.sent[k])}, nhận {vi.nbytes(t.received[k])}"  # noqa: E731
+    name = {"broadcast": "Broadcast", "reduce": "Reduce"}[collective]
+    lines = [f"{name} {vi.nbytes(nbytes)}, N = {world_size}",
+             f"{'':8}{'chuỗi NCCL':<26}hình sao (không có NCCL)"]
+    lines += [f"{f'GPU {k}':<8}{cell(chain, k):<26}{cell(star, k)}" for k in range(world_size)]
+    return "\n".join(lines)
 
 
 def cuda_devices() -> int:

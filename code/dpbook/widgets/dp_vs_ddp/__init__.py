@@ -1,4 +1,4 @@
-"""DataParallel against DDP, one training iteration: ``frames`` (pure model), ``render`` (SVG),
+"""DataParallel against DDP, one training step: ``frames`` (pure model), ``render`` (SVG),
 the static ``player`` and the live ``controls``.
 """
 
@@ -9,11 +9,11 @@ from ..player import Frame, Player
 from . import render
 
 # The public names of the frame model, at the package level (``render`` stays the module).
-from .frames import (HOST, MAX_GPUS, RESNET50_BYTES, BATCH_BYTES, OUTPUT_BYTES, STATES, Transfer,
+from .frames import (HOST, KINDS, MAX_GPUS, RESNET50_BYTES, BATCH_BYTES, OUTPUT_BYTES, STATES, Transfer,
                      Side, Step, traffic_totals, iteration_steps)
 from .render import STATE_FILL, STATE_LABEL
 
-__all__ = ["player", "controls", "HOST", "MAX_GPUS", "RESNET50_BYTES", "BATCH_BYTES",
+__all__ = ["player", "controls", "HOST", "KINDS", "MAX_GPUS", "RESNET50_BYTES", "BATCH_BYTES",
            "OUTPUT_BYTES", "STATES", "Transfer", "Side", "Step", "traffic_totals",
            "iteration_steps", "STATE_FILL", "STATE_LABEL"]
 
@@ -25,7 +25,7 @@ def player(world_size: int = 4, *, presentation: bool = False, **sizes) -> Playe
     frames = [Frame(render.render(s, i, len(steps), top), f"{s.phase}. {s.caption} Qua GPU 0 đến giờ: "
                     f"DP {vi.nbytes(s.dp.traffic[0])}, DDP {vi.nbytes(s.ddp.traffic[0])}.")
               for i, s in enumerate(steps)]
-    return Player(frames, title=f"DP và DDP: một vòng lặp trên {world_size} GPU",
+    return Player(frames, title=f"DP và DDP: một bước huấn luyện trên {world_size} GPU",
                   presentation=presentation, interval_ms=2200)
 
 

@@ -1,25 +1,35 @@
-"""DataParallel against DistributedDataParallel: one training iteration on N GPUs, step by step.
+"""DataParallel against DistributedDataParallel: one training step on N GPUs, frame by frame.
 
 Model (pure data, ``iteration_steps``): a list of ``Step``s, each with what the DP side and the
 DDP side do, as ``Side``s: a word per GPU, which GPUs compute or move data, which ``Transfer``s
-run (source, destination, bytes) and the bytes each GPU has sent and received so far. The steps
-of the two sides are aligned by purpose (data, model, forward, loss, backward, gradients,
-update), so a step where one side has nothing to do shows it idle: that is the point.
+run (source, destination, bytes, and whether it is a plain copy or part of an NCCL collective)
+and the bytes each GPU has sent and received so far. The steps of the two sides are aligned by
+purpose (data, model, forward, loss, backward, gradients, update), so a step where one side has
+nothing to do shows it idle: that is the point.
 
-Traffic model (bytes in and out of each GPU's memory over PCIe/NVLink in one iteration), with
-M the model bytes (parameters = gradients, same dtype), X the input batch bytes, O the output
-bytes, N GPUs:
+Traffic model (bytes in and out of each GPU's memory in one training step), with M the model
+bytes (parameters = gradients, same dtype), X the input batch bytes, O the output bytes, N GPUs,
+as torch does it when NCCL is available:
 
-* DP, as ``torch.nn.DataParallel`` does it with the batch first moved to ``cuda:0``:
-  the batch host -> GPU 0 (X), scatter (N-1)/N X out of GPU 0, replicate the model to every
-  other GPU ((N-1) M out, *every* iteration), gather the outputs ((N-1)/N O in), send the
-  outputs' gradients back ((N-1)/N O out), reduce the gradients onto GPU 0 ((N-1) M in).
-  GPU 0: X (2N-1)/N + 2 (N-1) M + 2 (N-1)/N O; any other GPU: X/N + 2 M + 2 O/N.
-  The two (N-1) M terms are ``costs.naive_all_reduce_bytes``: gradients to one GPU and the
-  model back out of it, which is what DP does, spread over the next iteration's replicate.
+* DP (``torch.nn.DataParallel``, the batch first moved to ``cuda:0``). Scatter and gather are
+  direct copies (``comm.scatter``/``comm.gather``: one ``.to``/``copy_`` per device): the batch
+  host -> GPU 0 (X), (N-1)/N X out of GPU 0, the outputs back in ((N-1)/N O), the outputs'
+  gradients out again ((N-1)/N O). Replicate is ``comm.broadcast_coalesced``, an NCCL Broadcast
+  when NCCL is available, and the backward's ``ReduceAddCoalesced`` is ``comm.reduce_add``, an
+  NCCL Reduce (``nccl.reduce``): both are pipelined chains (``costs.rooted_bytes``), every link
+  carrying M once, GPU 0 sending M for the Broadcast and receiving M for the Reduce.
+  GPU 0: X (2N-1)/N + 2 M + 2 (N-1)/N O; GPU 1 and GPU N-1: X/N + 3 M + 2 O/N (2 M when N = 2);
+  the GPUs between them: X/N + 4 M + 2 O/N. Nothing grows with N but GPU 0's copies of X and O.
+  Without NCCL the same calls fall back to one copy per GPU, a star through GPU 0
+  (``route="star"``: GPU 0 sends and receives (N-1) M, ``costs.naive_all_reduce_bytes``).
 * DDP: each process copies its X/N from the host, then ring AllReduce of the gradients in
   buckets: every GPU sends ``costs.ring_bytes("all_reduce", M, N)`` = 2 (N-1)/N M and receives
   as much. Every GPU: X/N + 4 (N-1)/N M, the same for all, and bounded by X/N + 4 M.
+
+So the bytes of the model are about the same on both sides; what DP pays is elsewhere, and the
+frames show it: one process whose threads share one GIL, the model re-broadcast before every
+forward, the gradient Reduce only after the whole backward (no overlap), GPU 0 alone computing
+the loss on the full outputs and running the optimizer.
 
 The GIL is drawn as one lock that DP's threads take in turn for the Python side of forward
 (module calls, kernel launches): in forward step k thread k holds it and GPUs 0..k have work.
@@ -34,8 +44,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ... import vi
-from ...checks import int_at_least, non_negative
-from ...costs import naive_all_reduce_bytes, ring_bytes
+from ...checks import int_at_least, non_negative, one_of
+from ...costs import ROUTES, ring_bytes, rooted_bytes, rooted_links
 
 HOST = -1  # the CPU's memory, as a transfer endpoint
 MAX_GPUS = 8
@@ -45,6 +55,7 @@ RESNET50_BYTES = 4 * 25_557_032
 BATCH_BYTES = 4 * 64 * 3 * 224 * 224
 OUTPUT_BYTES = 4 * 64 * 1000
 STATES = ("compute", "comm", "idle")
+KINDS = ("copy", "nccl")  # a plain copy (host or peer-to-peer), or a link of an NCCL collective
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,7 @@ class Transfer:
     dst: int
     nbytes: float
     what: str
+    kind: str = "copy"  # one of KINDS
 
 
 @dataclass(frozen=True)
@@ -100,14 +112,19 @@ class _Tally:
 
 
 def traffic_totals(world_size: int = 4, model_bytes: float = RESNET50_BYTES,
-                   input_bytes: float = BATCH_BYTES, output_bytes: float = OUTPUT_BYTES) -> dict:
-    """The closed forms of the module docstring: bytes in + out of one GPU per iteration."""
+                   input_bytes: float = BATCH_BYTES, output_bytes: float = OUTPUT_BYTES, *,
+                   route: str = "chain") -> dict[str, tuple[float, ...]]:
+    """The closed forms of the module docstring: bytes in + out of each GPU in one step,
+    ``{"dp": (GPU 0, GPU 1, ...), "ddp": (...)}``. ``route="chain"`` is DP with NCCL (what the
+    frames draw), ``route="star"`` DP's fallback without NCCL."""
+    _check(world_size, model_bytes, input_bytes, output_bytes, 1)
+    one_of("route", route, ROUTES)
     n, m, x, o = world_size, model_bytes, input_bytes, output_bytes
-    return {
-        "dp_gpu0": x * (2 * n - 1) / n + 2 * naive_all_reduce_bytes(m, n) + 2 * o * (n - 1) / n,
-        "dp_other": x / n + 2 * m + 2 * o / n,
-        "ddp": x / n + 2 * ring_bytes("all_reduce", m, n),
-    }
+    model = [b + r for b, r in zip(rooted_bytes("broadcast", m, n, route).traffic,
+                                   rooted_bytes("reduce", m, n, route).traffic)]
+    data = [x * (2 * n - 1) / n + 2 * o * (n - 1) / n] + [x / n + 2 * o / n] * (n - 1)
+    return {"dp": tuple(d + b for d, b in zip(data, model)),
+            "ddp": (x / n + 2 * ring_bytes("all_reduce", m, n),) * n}
 
 
 def _check(world_size, model_bytes, input_bytes, output_bytes, buckets) -> None:
@@ -128,7 +145,8 @@ def _check(world_size, model_bytes, input_bytes, output_bytes, buckets) -> None:
 def iteration_steps(world_size: int = 4, *, model_bytes: float = RESNET50_BYTES,
                     input_bytes: float = BATCH_BYTES, output_bytes: float = OUTPUT_BYTES,
                     buckets: int = 3) -> list[Step]:
-    """One iteration of DP and of DDP, aligned step by step (``world_size + buckets + 6``)."""
+    """One training step of DP and of DDP, aligned frame by frame (``world_size + buckets + 6``
+    frames)."""
     _check(world_size, model_bytes, input_bytes, output_bytes, buckets)
     n, m, x, o = world_size, model_bytes, input_bytes, output_bytes
     dp, ddp = _Tally(n), _Tally(n)
@@ -146,13 +164,15 @@ def iteration_steps(world_size: int = 4, *, model_bytes: float = RESNET50_BYTES,
         "đọc phần dữ liệu riêng và chép thẳng lên GPU của nó.")]
     steps.append(Step(
         "Sao chép mô hình",
-        dp.side(f"GPU 0 gửi bản sao mô hình ({vi.nbytes(m)}) cho từng GPU, mọi vòng lặp",
-                ["gửi"] + ["nhận"] * (n - 1), ["comm"] * n,
-                [Transfer(0, k, m, "bản sao mô hình") for k in others]),
+        dp.side(f"Broadcast mô hình ({vi.nbytes(m)}) theo chuỗi NCCL, ở mọi bước",
+                ["gửi"] + ["nhận, gửi tiếp"] * (n - 2) + ["nhận"], ["comm"] * n,
+                _chain(rooted_links("broadcast", n), m, "bản sao mô hình")),
         ddp.side("Không cần: mỗi process đã có bản sao từ lúc tạo DDP", ["—"] * n,
                  ["idle"] * n),
-        "DP sao chép (replicate) mô hình từ GPU 0 sang mọi GPU ở MỖI vòng lặp, vì chỉ bản trên "
-        "GPU 0 được cập nhật. DDP chỉ Broadcast tham số một lần khi khởi tạo."))
+        "DP sao chép (replicate) mô hình từ GPU 0 sang mọi GPU ở MỖI bước, vì chỉ bản trên "
+        "GPU 0 được cập nhật; comm.broadcast_coalesced dùng Broadcast của NCCL, chuyển mô hình "
+        "theo chuỗi GPU kề nhau, nên GPU 0 chỉ gửi một bản. Forward phải chờ bước này xong. "
+        "DDP chỉ Broadcast tham số một lần, khi khởi tạo."))
     steps += [_forward_step(dp, ddp, n, k) for k in range(n)]
     steps += _loss_steps(dp, ddp, n, o)
     steps += _backward_steps(dp, ddp, n, m, o, buckets)
@@ -162,9 +182,14 @@ def iteration_steps(world_size: int = 4, *, model_bytes: float = RESNET50_BYTES,
                 ["compute"] + ["idle"] * (n - 1)),
         ddp.side("Mỗi process tự chạy optimizer.step() với cùng gradient", ["step"] * n,
                  ["compute"] * n),
-        "DP: chỉ GPU 0 giữ tham số thật và trạng thái bộ tối ưu; vòng sau lại phải sao chép mô "
+        "DP: chỉ GPU 0 giữ tham số thật và trạng thái bộ tối ưu; bước sau lại phải sao chép mô "
         "hình. DDP: mọi process cập nhật cùng một gradient nên các bản sao vẫn giống hệt nhau."))
     return steps
+
+
+def _chain(links, nbytes: float, what: str) -> list[Transfer]:
+    """The links of one NCCL collective, each carrying ``nbytes``."""
+    return [Transfer(src, dst, nbytes, what, "nccl") for src, dst in links]
 
 
 def _forward_step(dp: _Tally, ddp: _Tally, n: int, k: int) -> Step:
@@ -207,8 +232,8 @@ def _backward_steps(dp: _Tally, ddp: _Tally, n: int, m: float, o: float, b: int)
         out_grads = [Transfer(0, j, o / n, "grad đầu ra") for j in range(1, n)] if k == 0 else []
         dp_text = ("GPU 0 gửi gradient của đầu ra về từng GPU; backward trên mọi GPU" if k == 0
                    else "Backward tiếp trên mọi GPU (autograd chạy trong C++, nhả GIL)")
-        ar = [Transfer(j, (j + 1) % n, ring, f"AllReduce bucket {k}")
-              for j in range(n)] if k else []
+        ar = _chain([(j, (j + 1) % n) for j in range(n)], ring, f"AllReduce bucket {k}") if k \
+            else []
         ddp_text = (f"Backward tính gradient của bucket {k + 1}" if k == 0 else
                     f"Backward bucket {k + 1}, song song AllReduce bucket {k}")
         steps.append(Step(
@@ -222,12 +247,13 @@ def _backward_steps(dp: _Tally, ddp: _Tally, n: int, m: float, o: float, b: int)
                "DDP: chỉ một bucket, AllReduce phải chờ backward xong.")))
     steps.append(Step(
         "Cộng gradient",
-        dp.side(f"Các GPU gửi gradient ({vi.nbytes(m)}) về GPU 0 để cộng (reduce)",
-                ["cộng"] + ["gửi"] * (n - 1), ["comm"] * n,
-                [Transfer(j, 0, m, "gradient") for j in range(1, n)]),
+        dp.side(f"Reduce gradient ({vi.nbytes(m)}) theo chuỗi NCCL về GPU 0",
+                ["nhận, cộng"] + ["gửi"] + ["nhận, cộng, gửi"] * (n - 2), ["comm"] * n,
+                _chain(rooted_links("reduce", n), m, "gradient")),
         ddp.side(f"AllReduce bucket {b}: phần duy nhất không được backward che", ["AllReduce"] * n,
                  ["comm"] * n,
-                 [Transfer(j, (j + 1) % n, ring, f"AllReduce bucket {b}") for j in range(n)]),
-        f"DP: GPU 0 nhận {n - 1} bản gradient đầy đủ, lưu lượng tăng theo N. DDP: Ring AllReduce, "
-        f"mỗi GPU gửi 2(N-1)/N bucket, gần như không đổi khi N tăng."))
+                 _chain([(j, (j + 1) % n) for j in range(n)], ring, f"AllReduce bucket {b}")),
+        "DP: chỉ sau khi backward xong, ReduceAddCoalesced cộng gradient của mọi bản sao về "
+        "GPU 0 bằng Reduce của NCCL (nccl.reduce), theo chuỗi GPU kề nhau: GPU 0 nhận một bản, "
+        "không phải N-1 bản. DDP: Ring AllReduce, mỗi GPU gửi 2(N-1)/N bucket."))
     return steps

@@ -89,53 +89,60 @@ def _gil(svg: Svg, py: float, holder: int, n: int) -> None:
 
 
 def _transfers(svg: Svg, py: float, transfers, n: int) -> None:
-    """Group transfers by what they move; draw each group as its pattern: a short arrow from
-    the host to GPU 0, a fan-out or fan-in over a rail above the GPUs, or a ring."""
+    """Group transfers by what they move; draw each group as its pattern. Plain copies (blue):
+    a short arrow from the host to GPU 0, or a fan-out or fan-in over a rail above the GPUs.
+    Links of an NCCL collective (vermillion): arrows between neighbouring GPUs, a chain
+    (Broadcast, Reduce) or a ring (AllReduce)."""
     groups: dict[str, list[Transfer]] = {}
     for t in transfers:
         groups.setdefault(t.what, []).append(t)
     centre = lambda k: 54 if k == HOST else _box(n, k)[0] + _box(n, k)[1] / 2  # noqa: E731
     rail = py + 80
     for what, ts in groups.items():
+        size = vi.nbytes(ts[0].nbytes)
+        if ts[0].kind == "nccl":
+            ring = len(ts) == n
+            label = (f"{what}: mỗi GPU gửi {size} cho GPU kế tiếp (vòng)" if ring else
+                     f"{what}: chuỗi NCCL, {size} mỗi chặng")
+            _links(svg, py, n, {(t.src, t.dst) for t in ts}, label)
+            continue
         if len(ts) == 1 and ts[0].src == HOST and ts[0].dst == 0:
             svg.arrow(91, py + 160, ROW_X0 - 1, py + 160, colour=PALETTE["black"], head=9)
             svg.text(54, py + 192, what, cls="t-small", weight="bold")
-            svg.text(54, py + 211, vi.nbytes(ts[0].nbytes), cls="t-small")
+            svg.text(54, py + 211, size, cls="t-small")
             continue
         srcs, dsts = {t.src for t in ts}, {t.dst for t in ts}
-        label = f"{what}: " + (f"mỗi GPU gửi {vi.nbytes(ts[0].nbytes)} cho GPU kế tiếp (vòng)"
-                               if len(srcs) == len(ts) == n and len(dsts) == n else
-                               f"{vi.nbytes(ts[0].nbytes)}" + (" mỗi GPU" if len(ts) > 1 else ""))
-        if len(srcs) == 1 or len(dsts) == 1:
-            ends = [centre(k) for k in srcs | dsts]
-            svg.line(min(ends), rail, max(ends), rail, stroke=PALETTE["blue"], cls="stroke arrow")
-            for k in srcs:
-                svg.line(centre(k), py + 100, centre(k), rail, stroke=PALETTE["blue"],
-                         cls="stroke arrow")
-            for k in dsts:
-                svg.arrow(centre(k), rail, centre(k), py + 99, colour=PALETTE["blue"], head=11)
-            svg.text((min(ends) + max(ends)) / 2, rail - 14, label, cls="t-small",
-                     fill=PALETTE["blue"], weight="bold")
-        else:
-            _ring(svg, py, n, label)
+        label = f"{what}: {size}" + (" mỗi GPU" if len(ts) > 1 else "")
+        ends = [centre(k) for k in srcs | dsts]
+        svg.line(min(ends), rail, max(ends), rail, stroke=PALETTE["blue"], cls="stroke arrow")
+        for k in srcs:
+            svg.line(centre(k), py + 100, centre(k), rail, stroke=PALETTE["blue"],
+                     cls="stroke arrow")
+        for k in dsts:
+            svg.arrow(centre(k), rail, centre(k), py + 99, colour=PALETTE["blue"], head=11)
+        svg.text((min(ends) + max(ends)) / 2, rail - 14, label, cls="t-small",
+                 fill=PALETTE["blue"], weight="bold")
 
 
-def _ring(svg: Svg, py: float, n: int, label: str) -> None:
+def _links(svg: Svg, py: float, n: int, pairs: set, label: str) -> None:
+    """Arrows k -> k+1 between neighbouring boxes for the pairs given, and the way back from
+    the last GPU to GPU 0 under the row when ``(n-1, 0)`` is one of them."""
+    colour = PALETTE["vermillion"]
     for k in range(n - 1):
-        x, w = _box(n, k)
-        svg.arrow(x + w - 9, py + 162, x + w + GAP + 10, py + 162, colour=PALETTE["vermillion"],
-                  head=9)
-    last_x, last_w = _box(n, n - 1)
-    first_x, first_w = _box(n, 0)
+        if (k, k + 1) in pairs:
+            x, w = _box(n, k)
+            svg.arrow(x + w - 9, py + 162, x + w + GAP + 10, py + 162, colour=colour, head=9)
     y = py + 244
-    svg.line(last_x + last_w / 2, py + 222, last_x + last_w / 2, y,
-             stroke=PALETTE["vermillion"], cls="stroke arrow")
-    svg.line(last_x + last_w / 2, y, first_x + first_w / 2, y, stroke=PALETTE["vermillion"],
-             cls="stroke arrow")
-    svg.arrow(first_x + first_w / 2, y, first_x + first_w / 2, py + 224,
-              colour=PALETTE["vermillion"], head=11)
-    svg.text((ROW_X0 + ROW_X1) / 2, y + 18, label, cls="t-small",
-             fill=PALETTE["vermillion"], weight="bold")
+    if (n - 1, 0) in pairs:
+        last_x, last_w = _box(n, n - 1)
+        first_x, first_w = _box(n, 0)
+        svg.line(last_x + last_w / 2, py + 222, last_x + last_w / 2, y, stroke=colour,
+                 cls="stroke arrow")
+        svg.line(last_x + last_w / 2, y, first_x + first_w / 2, y, stroke=colour,
+                 cls="stroke arrow")
+        svg.arrow(first_x + first_w / 2, y, first_x + first_w / 2, py + 224, colour=colour,
+                  head=11)
+    svg.text((ROW_X0 + ROW_X1) / 2, y + 18, label, cls="t-small", fill=colour, weight="bold")
 
 
 def _traffic(svg: Svg, py: float, traffic, top: float) -> None:
