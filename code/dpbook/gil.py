@@ -11,9 +11,13 @@ It also counts CPU time: how many cores the threads (or the processes) kept busy
 while they ran, CPU seconds over wall seconds. Under CPython's GIL only one thread runs Python
 bytecode at a time, so the threads never keep more than about one core busy, however many
 cores are free, and the speed-up is about 1x; processes reach about ``min(workers, cores)``x
-when the cores are free. Whether they were free is measured too (Linux): ``spare_cores`` is how
-many cores sat idle, on average, while the serial runs kept one busy. On a machine that other
-programs saturate it is near 0, and no program can then run faster in parallel.
+when the cores are free. Whether they were free is measured too (Linux), from the machine's
+idle time: ``spare_cores`` is how many cores sat idle, on average, while the serial runs kept one
+busy, and a round is *quiet* when other programs took less than ``QUIET_LOAD`` of a core both
+while the serial runs and while the processes ran. ``quiet_speedup`` is the processes' speed-up
+over serial in the best quiet round, with both times from that round: the claim "processes run
+in parallel" is only checked where nothing else took the cores (on a machine that other
+programs saturate, no program can run faster in parallel).
 
 This module imports no torch, so that the pool's children (start method ``spawn``) start in a
 fraction of a second.
@@ -28,7 +32,10 @@ import threading
 import time
 from dataclasses import dataclass
 
+from . import vi
 from .checks import int_at_least
+
+QUIET_LOAD = 0.3  # cores that other programs may take during a round that still counts as quiet
 
 
 def spin(n: int) -> int:
@@ -90,6 +97,8 @@ class GilSpeedup:
     threads_cores: float
     processes_cores: float
     spare_cores: float | None  # idle cores during the serial runs; None where unmeasurable
+    quiet_rounds: int = 0
+    quiet_speedup: float | None = None  # serial / processes in the best quiet round
 
     @property
     def threads_speedup(self) -> float:
@@ -101,15 +110,26 @@ class GilSpeedup:
 
     def describe(self) -> str:
         n = self.workers
+
+        def ms(seconds: float) -> str:
+            return f"{vi.number(seconds * 1e3, 1):>6} ms"
+
         return (f"{n} tác vụ Python thuần trên máy {self.cores} lõi, thời gian tốt nhất của "
                 f"{self.rounds} lượt:\n"
-                f"  tuần tự   : {self.serial_s * 1e3:6.1f} ms\n"
-                f"  {n} luồng   : {self.threads_s * 1e3:6.1f} ms  → nhanh "
-                f"{self.threads_speedup:.2f}×, bận tối đa {self.threads_cores:.2f} lõi\n"
-                f"  {n} process : {self.processes_s * 1e3:6.1f} ms  → nhanh "
-                f"{self.processes_speedup:.2f}×, bận tối đa {self.processes_cores:.2f} lõi\n"
+                f"  tuần tự   : {ms(self.serial_s)}\n"
+                f"  {n} luồng   : {ms(self.threads_s)}  → nhanh "
+                f"{vi.number(self.threads_speedup, 2)}×, bận tối đa "
+                f"{vi.number(self.threads_cores, 2)} lõi\n"
+                f"  {n} process : {ms(self.processes_s)}  → nhanh "
+                f"{vi.number(self.processes_speedup, 2)}×, bận tối đa "
+                f"{vi.number(self.processes_cores, 2)} lõi\n"
                 + ("  (không đo được số lõi rảnh trên hệ điều hành này)" if self.spare_cores is None
-                   else f"  lõi rảnh trung bình khi chạy tuần tự: {self.spare_cores:.2f}"))
+                   else "  lõi rảnh trung bình khi chạy tuần tự: "
+                        f"{vi.number(self.spare_cores, 2)}; {self.quiet_rounds}/{self.rounds} lượt "
+                        "không bị chương trình khác chiếm lõi"
+                        + ("" if self.quiet_speedup is None else
+                           f", process nhanh {vi.number(self.quiet_speedup, 2)}× trong lượt tốt "
+                           "nhất của chúng")))
 
 
 def _in_threads(workers: int, work: int) -> None:
@@ -132,19 +152,31 @@ def idle_seconds() -> float | None:
         return None
 
 
-def _round(pool, workers: int, work: int) -> tuple:
+def _others(cores: int, wall: float, ours: float, idle0, idle1) -> float | None:
+    """Cores that other programs took during ``wall`` seconds in which this job used ``ours``
+    CPU seconds: what was neither idle nor ours."""
+    if idle0 is None or idle1 is None:
+        return None
+    return max(0.0, cores - (idle1 - idle0 + ours) / wall)
+
+
+def _round(pool, workers: int, work: int, cores: int) -> tuple:
     """One round: (serial s, threads s, processes s, threads' cores, processes' cores,
-    idle core-seconds of the machine during the serial runs or None)."""
-    i0, t0 = idle_seconds(), time.perf_counter()
+    idle core-seconds of the machine during the serial runs or None, quiet or None)."""
+    i0, t0, c0 = idle_seconds(), time.perf_counter(), time.process_time()
     for _ in range(workers):
         spin(work)
     t1, c1, i1 = time.perf_counter(), time.process_time(), idle_seconds()
     _in_threads(workers, work)
-    t2, c2 = time.perf_counter(), time.process_time()
+    t2, c2, i2 = time.perf_counter(), time.process_time(), idle_seconds()
     child_cpu = pool.map(spin_cpu, [work] * workers, chunksize=1)
-    t3 = time.perf_counter()
+    t3, i3 = time.perf_counter(), idle_seconds()
     idle = None if i0 is None or i1 is None else i1 - i0
-    return t1 - t0, t2 - t1, t3 - t2, (c2 - c1) / (t2 - t1), sum(child_cpu) / (t3 - t2), idle
+    loads = (_others(cores, t1 - t0, c1 - c0, i0, i1),
+             _others(cores, t3 - t2, sum(child_cpu) + time.process_time() - c2, i2, i3))
+    quiet = None if None in loads else max(loads) < QUIET_LOAD
+    return (t1 - t0, t2 - t1, t3 - t2, (c2 - c1) / (t2 - t1), sum(child_cpu) / (t3 - t2), idle,
+            quiet)
 
 
 def gil_speedup(workers: int = 2, work: int = 500_000, rounds: int = 10) -> GilSpeedup:
@@ -152,10 +184,12 @@ def gil_speedup(workers: int = 2, work: int = 500_000, rounds: int = 10) -> GilS
     int_at_least("workers", workers)
     int_at_least("work", work)
     int_at_least("rounds", rounds)
+    cores = available_cores()
     with mp.get_context("spawn").Pool(workers) as pool:
         pool.map(spin, [1000] * workers, chunksize=1)  # every child started and warm
-        runs = [_round(pool, workers, work) for _ in range(rounds)]
-    serial, threads, procs, t_cores, p_cores, idle = zip(*runs)
+        runs = [_round(pool, workers, work, cores) for _ in range(rounds)]
+    serial, threads, procs, t_cores, p_cores, idle, quiet = zip(*runs)
     spare = None if None in idle else sum(idle) / sum(serial)
-    return GilSpeedup(workers, available_cores(), rounds, min(serial), min(threads), min(procs),
-                      max(t_cores), max(p_cores), spare)
+    calm = [r[0] / r[2] for r in runs if r[6]]
+    return GilSpeedup(workers, cores, rounds, min(serial), min(threads), min(procs),
+                      max(t_cores), max(p_cores), spare, len(calm), max(calm, default=None))
