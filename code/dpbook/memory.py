@@ -27,7 +27,10 @@ HYBRID_SHARD              / S         / S        / S   (S = shard group size)
 SHARD_GRAD_OP has resharded its parameters by then (/ N). ``phase="step"`` is what it holds
 during forward and backward, where SHARD_GRAD_OP keeps full parameters (that is its ZeRO-2
 trade: no AllGather in backward), and FULL_SHARD additionally materialises the full
-parameters of the unit being computed (``largest_unit_params``).
+parameters of the unit being computed (``largest_unit_params``) and those of the root unit
+(``root_unit_params``: embeddings, final norm, head), which FSDP gathers before the first
+layer and reshards only after the whole backward. Prefetching the next unit can add one more
+unit: the ledger counts one, a lower bound.
 
 Activations are not state: they depend on batch size, sequence length and checkpointing, so
 the caller passes them as ``activation_bytes`` (the ledger does not guess them).
@@ -87,10 +90,10 @@ def bytes_per_param(precision: str = "fp32", optimizer: str = "adam") -> tuple[i
 def vram_ledger(num_params: int, world_size: int = 1, strategy: str = "DDP", *,
                 precision: str = "fp32", optimizer: str = "adam", phase: str = "rest",
                 shard_size: int | None = None, largest_unit_params: int = 0,
-                activation_bytes: float = 0.0) -> Ledger:
+                root_unit_params: int = 0, activation_bytes: float = 0.0) -> Ledger:
     """Bytes of parameters, gradients and optimizer state on one rank."""
-    _validate(num_params, world_size, strategy, phase, shard_size, largest_unit_params,
-              activation_bytes)
+    _validate(num_params, world_size, strategy, phase, shard_size,
+              (largest_unit_params, root_unit_params), activation_bytes)
     bp, bg, bo = bytes_per_param(precision, optimizer)
     n = shard_size if strategy == "HYBRID_SHARD" else world_size
     shard_p, shard_g, shard_o = _SHARDED[strategy]
@@ -98,14 +101,14 @@ def vram_ledger(num_params: int, world_size: int = 1, strategy: str = "DDP", *,
     if phase == "step" and strategy == "SHARD_GRAD_OP":
         params = num_params * bp
     elif phase == "step" and strategy in ("FULL_SHARD", "ZeRO-3", "HYBRID_SHARD"):
-        params += largest_unit_params * bp * (n - 1) / n
+        params += (largest_unit_params + root_unit_params) * bp * (n - 1) / n
     return Ledger(params=params,
                   grads=num_params * bg / (n if shard_g else 1),
                   optimizer=num_params * bo / (n if shard_o else 1),
                   activations=float(activation_bytes))
 
 
-def _validate(num_params, world_size, strategy, phase, shard_size, largest_unit_params,
+def _validate(num_params, world_size, strategy, phase, shard_size, gathered,
               activation_bytes) -> None:
     int_at_least("num_params", num_params)
     int_at_least("world_size", world_size)
@@ -118,8 +121,12 @@ def _validate(num_params, world_size, strategy, phase, shard_size, largest_unit_
             f"HYBRID_SHARD cần shard_size là ước số nguyên dương của world_size={world_size} "
             f"(thường là số GPU mỗi máy), nhận được {shard_size!r}."
         )
-    if not 0 <= largest_unit_params <= num_params:
+    unit, root = gathered
+    if not (isinstance(unit, int) and isinstance(root, int) and unit >= 0 and root >= 0
+            and unit + root <= num_params):
         raise ValueError(
-            f"largest_unit_params phải nằm trong [0, num_params], nhận được {largest_unit_params!r}."
+            "largest_unit_params và root_unit_params phải là số nguyên không âm, tổng (số tham "
+            f"số gom về cùng lúc) không quá num_params={num_params}; nhận được {unit!r} và "
+            f"{root!r}."
         )
     non_negative("activation_bytes", activation_bytes)

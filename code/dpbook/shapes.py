@@ -2,8 +2,15 @@
 
 Parameter counts are computed from the architecture, not typed in: ``num_params_of`` is the
 closed form, ``meta_model`` builds the same shapes on ``torch.device("meta")`` (no memory) so the
-tests can check one against the other. ``largest_unit`` is the biggest FSDP unit (one
-Transformer layer, or the embedding if larger), which ``phase="step"`` needs for FULL_SHARD.
+tests can check one against the other.
+
+FSDP units, as the chapter wraps a model (``fully_shard`` on every Transformer layer, then on the
+root): ``largest_unit`` is the biggest layer unit, ``root_unit`` what the root keeps for itself
+(the embeddings, the final norm and, when it is not tied to the embedding, the output head). The
+root's AllGather runs in its pre-forward hook, before the first layer, and its parameters are
+resharded only after the whole backward (FSDP2 does not even reshard it after forward by
+default), so in a step a rank holds the root unsharded *and* the layer it computes:
+``memory.vram_ledger(..., phase="step")`` adds both.
 
 ``presets()`` are the models the VRAM ledger calculator (``widgets.ledger``) offers; nothing
 here draws.
@@ -99,7 +106,14 @@ MLP = MLPShape()
 class Preset:
     label: str
     num_params: int
-    largest_unit: int  # parameters of the biggest FSDP unit (for phase="step")
+    largest_unit: int  # parameters of the biggest layer unit (for phase="step")
+    root_unit: int = 0  # parameters the root unit keeps: embeddings, final norm, untied head
+
+
+def root_params(s: Transformer) -> int:
+    """Parameters no layer owns, which the root unit keeps when only the layers are wrapped:
+    token (and position) embeddings, the final norm and, for LLaMA, the untied output head."""
+    return num_params_of(s) - s.layers * layer_params(s)
 
 
 SHAPES = {
@@ -115,7 +129,8 @@ SHAPES = {
 def presets() -> dict[str, Preset]:
     """Every preset, the package's small ``MLP`` first (closed form, checked against a real
     instance by the tests)."""
-    out = {"mlp": Preset("MLP nhỏ (dpbook)", MLP.num_params(), max(MLP.block_params()))}
+    mlp_root = MLP.num_params() - sum(MLP.block_params())  # the head
+    out = {"mlp": Preset("MLP nhỏ (dpbook)", MLP.num_params(), max(MLP.block_params()), mlp_root)}
     for key, (label, s) in SHAPES.items():
-        out[key] = Preset(label, num_params_of(s), max(layer_params(s), s.vocab * s.d_model))
+        out[key] = Preset(label, num_params_of(s), layer_params(s), root_params(s))
     return out

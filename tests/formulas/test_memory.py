@@ -59,3 +59,32 @@ def test_bad_inputs_raise_clear_errors(kwargs):
     args = dict(num_params=1000) | kwargs
     with pytest.raises(ValueError, match="không hợp lệ|phải|cần"):
         memory.vram_ledger(**args)
+
+
+def test_full_shard_step_adds_the_root_unit_and_the_layer():
+    rest = memory.vram_ledger(1000, 4, "FULL_SHARD", phase="rest", largest_unit_params=200,
+                              root_unit_params=100)
+    step = memory.vram_ledger(1000, 4, "FULL_SHARD", phase="step", largest_unit_params=200,
+                              root_unit_params=100)
+    assert rest.params == 1000  # at rest nothing is gathered
+    assert step.params == 1000 + (200 + 100) * 4 * 3 / 4
+    # SHARD_GRAD_OP holds every parameter anyway: the root changes nothing
+    sgo = memory.vram_ledger(1000, 4, "SHARD_GRAD_OP", phase="step", root_unit_params=100)
+    assert sgo.params == 4000
+
+
+def test_zero1_shards_only_the_optimizer_state():
+    led = memory.vram_ledger(10**9, 8, "ZeRO-1", precision="mixed")
+    assert (led.params, led.grads, led.optimizer) == (2e9, 2e9, 12e9 / 8)
+    # the same at rest and in the step: no parameter is gathered
+    assert memory.vram_ledger(10**9, 8, "ZeRO-1", precision="mixed", phase="step",
+                              largest_unit_params=10, root_unit_params=10) == led
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(root_unit_params=-1), dict(largest_unit_params=600, root_unit_params=600),
+    dict(root_unit_params=1.5),
+])
+def test_gathered_units_are_checked(kwargs):
+    with pytest.raises(ValueError, match="root_unit_params"):
+        memory.vram_ledger(1000, 2, "FULL_SHARD", **kwargs)

@@ -10,7 +10,8 @@ GB = 1e9
 def _llm(key, nodes, gpu_gb=80.0, act=20.0):
     p = shapes.presets()[key]
     return ddp_or_fsdp.Job(p.num_params, gpu_gb, 8, nodes, activation_gb=act,
-                      largest_unit_params=p.largest_unit, name=key)
+                           largest_unit_params=p.largest_unit, root_unit_params=p.root_unit,
+                           name=key)
 
 
 def test_resnet50_parameter_count_is_torchvisions():
@@ -22,22 +23,43 @@ def test_resnet50_parameter_count_is_torchvisions():
 def test_small_model_gets_ddp():
     job = ddp_or_fsdp.Job(ddp_or_fsdp.resnet50_num_params(), 40, 8, 1, "fp32", "sgd_momentum", 20)
     rec = ddp_or_fsdp.recommend(job)
-    assert rec.choice == "DDP" and set(rec.options) == {"DDP", "FULL_SHARD"}
+    assert rec.choice == "DDP"
+    assert set(rec.options) == {"DDP", "ZeRO-1", "SHARD_GRAD_OP", "FULL_SHARD"}
     assert rec.options["DDP"].memory_bytes == 12 * job.num_params + 20 * GB
     assert rec.options["FULL_SHARD"].sent_bytes == 1.5 * rec.options["DDP"].sent_bytes
     assert rec.options["DDP"].internode_bytes == 0
 
 
-def test_7b_on_one_node_gets_full_shard():
+def test_7b_on_one_node_climbs_to_the_first_rung_that_fits():
     rec = ddp_or_fsdp.recommend(_llm("llama-7b", 1))
-    assert rec.choice == "FULL_SHARD"
+    assert rec.choice == "ZeRO-1"  # the first in-node rung, 4P + 12P/8 + 20 GB = 57.1 GB
     p = rec.job.num_params
     assert rec.options["DDP"].memory_bytes == 16 * p + 20 * GB and not rec.options["DDP"].fits
+    assert rec.options["ZeRO-1"].memory_bytes == 4 * p + 12 * p / 8 + 20 * GB
+    assert rec.options["SHARD_GRAD_OP"].memory_bytes == 2 * p + 14 * p / 8 + 20 * GB
     led = memory.vram_ledger(p, 8, "FULL_SHARD", precision="mixed", phase="step",
-                             largest_unit_params=rec.job.largest_unit_params)
+                             largest_unit_params=rec.job.largest_unit_params,
+                             root_unit_params=rec.job.root_unit_params)
     assert rec.options["FULL_SHARD"].memory_bytes == led.state + 20 * GB
     assert rec.options["FULL_SHARD"].sent_bytes == 3 * 7 / 8 * 2 * p  # bf16: Psi = 2P
-    assert "FULL_SHARD" in rec.reason and "GB" in rec.reason
+    # ZeroRedundancyOptimizer: DDP's AllReduce plus an AllGather's worth of broadcasts
+    assert rec.options["ZeRO-1"].sent_bytes == rec.options["FULL_SHARD"].sent_bytes
+    assert rec.options["SHARD_GRAD_OP"].sent_bytes == rec.options["DDP"].sent_bytes
+    assert "ZeRO-1" in rec.reason and "57,1 GB" in rec.reason
+
+
+def test_the_in_node_rungs_are_tried_in_order():
+    p = 10**9  # Adam, mixed: DDP 16 GB, ZeRO-1 4 + 12/8 = 5.5, SHARD_GRAD_OP 2 + 14/8 = 3.75
+    def choice(gpu_gb, **kw):
+        return ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, gpu_gb, 8, 1, headroom=0, **kw))
+    assert choice(16).choice == "DDP"
+    assert choice(5.5).choice == "ZeRO-1"
+    assert choice(5).choice == "SHARD_GRAD_OP"
+    assert choice(3).choice == "FULL_SHARD"  # 2 GB
+    rec = choice(3, activation_gb=2)  # the sharded state fits, the activations do not
+    assert rec.choice is None and "activation checkpointing" in rec.reason
+    rec = choice(1)  # even the sharded state does not fit
+    assert rec.choice is None and "CPU offload" in rec.reason
 
 
 def test_7b_on_four_nodes_gets_hybrid_shard_and_less_internode_traffic():
@@ -55,14 +77,14 @@ def test_70b_on_four_nodes_needs_full_shard_and_on_one_node_nothing_fits():
     assert rec.choice == "FULL_SHARD"
     assert not rec.options["HYBRID_SHARD"].fits and rec.options["FULL_SHARD"].fits
     none = ddp_or_fsdp.recommend(_llm("llama-70b", 1))
-    assert none.choice is None and "thêm GPU" in none.reason
+    assert none.choice is None and "thêm GPU" in none.reason and "CPU offload" in none.reason
 
 
 def test_headroom_and_activations_decide_the_edge():
     p = 10**9  # 16 GB of Adam state
     assert ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, 20, 8, 1, headroom=0.1)).choice == "DDP"  # 16 <= 18
-    assert ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, 20, 8, 1, headroom=0.25)).choice == "FULL_SHARD"
-    assert ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, 20, 8, 1, activation_gb=3)).choice == "FULL_SHARD"
+    assert ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, 20, 8, 1, headroom=0.25)).choice == "ZeRO-1"
+    assert ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, 20, 8, 1, activation_gb=3)).choice == "ZeRO-1"
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -75,6 +97,8 @@ def test_headroom_and_activations_decide_the_edge():
     ({"optimizer": "lion"}, "optimizer"),
     ({"activation_gb": -2}, "activation_gb"),
     ({"largest_unit_params": 10**10}, "largest_unit_params"),
+    ({"root_unit_params": -1}, "root_unit_params"),
+    ({"largest_unit_params": 6 * 10**8, "root_unit_params": 6 * 10**8}, "root_unit_params"),
     ({"headroom": 1.0}, "headroom"),
 ])
 def test_job_rejects_bad_values_in_vietnamese(kwargs, match):
@@ -95,9 +119,11 @@ def test_price_rejects_hybrid_on_one_node_and_unknown_strategies():
 def test_tables_list_every_option_and_escape_names():
     recs = [ddp_or_fsdp.recommend(_llm("llama-7b", 4)), ddp_or_fsdp.recommend(_llm("llama-70b", 1))]
     crit = ddp_or_fsdp.criteria_html(recs[0])
-    assert "12P/N + một đơn vị đầy đủ + activation" in ddp_or_fsdp.criteria_html(ddp_or_fsdp.recommend(
+    resnet = ddp_or_fsdp.criteria_html(ddp_or_fsdp.recommend(
         ddp_or_fsdp.Job(25_557_032, 40, precision="fp32", optimizer="sgd_momentum")))
-    for text in ("16P/S + một đơn vị đầy đủ + activation", "Độ phức tạp mã nguồn", "Quy mô phù hợp", "3(N−1)/N · Ψ", "FSDP HYBRID_SHARD",
+    for text in ("12P/N + gốc và một khối đầy đủ + activation", "8P + 4P/N", "4P + 8P/N"):
+        assert text in resnet
+    for text in ("16P/S + gốc và một khối đầy đủ + activation", "4P + 12P/N", "ZeroRedundancyOptimizer", "Độ phức tạp mã nguồn", "Quy mô phù hợp", "3(N−1)/N · Ψ", "FSDP HYBRID_SHARD",
                  "Lượng ra khỏi mỗi node"):
         assert text in crit
     table = ddp_or_fsdp.decision_html(recs + [ddp_or_fsdp.recommend(ddp_or_fsdp.Job(10, 1, name="<x>"))])
@@ -132,3 +158,35 @@ def test_compare_run_matches_the_table():
                                "value_type": "Tensor"}
         assert fsdp["code"] == {"same_parameters": False, "first_key": "blocks.0.linear.weight",
                                 "value_type": "DTensor"}
+        # mixed precision: every setting sends what precision_bytes says
+        for name, m in r["precision"].items():
+            assert m["volume"] == ddp_or_fsdp.precision_bytes(p, 2, name), name
+        # ZeRO-1: one AllReduce of 4P, broadcasts adding up to 4P, Adam state split between ranks
+        z1 = r["zero1"]
+        assert [x.nbytes for x in z1["records"] if x.collective == "all_reduce"] == [4 * p]
+        assert sum(x.nbytes for x in z1["records"] if x.collective == "broadcast") == 4 * p
+        assert z1["state"].params == z1["state"].grads == 4 * p and z1["state"].optimizer < 8 * p
+        # an optimizer built before fully_shard updates nothing and keeps the full originals
+        before, after = r["optimizer_order"]["before"], r["optimizer_order"]["after"]
+        assert not before["changed"] and before["with_grad"] == 0 and before["optimizer_bytes"] == 4 * p
+        assert after["changed"] and after["optimizer_bytes"] == after["shard_bytes"] == 4 * p / 2
+    assert sum(r["zero1"]["state"].optimizer for r in results) == 8 * results[0]["DDP"]["num_params"]
+
+
+def test_precision_settings_in_both_conventions():
+    p, n = 1000, 4
+    k = (n - 1) / n
+    b = {name: ddp_or_fsdp.precision_bytes(p, n, name).total for name, *_ in ddp_or_fsdp.PRECISION_SETTINGS}
+    assert b["DDP, fp32"] == b["DDP + autocast bf16"] == 2 * k * 4 * p  # autocast: .grad stays fp32
+    assert b["DDP + autocast + hook nén 16 bit"] == 2 * k * 2 * p
+    assert b["FSDP2, param bf16, reduce fp32"] == (2 + 2 + 4) * p * k == b["DDP, fp32"]
+    assert b["FSDP2, param bf16, reduce bf16"] == 6 * p * k == 1.5 * b["DDP + autocast + hook nén 16 bit"]
+    assert b["FSDP2, fp32"] == 1.5 * b["DDP, fp32"]
+    with pytest.raises(ValueError, match="setting"):
+        ddp_or_fsdp.precision_bytes(p, n, "fp8")
+
+
+def test_compress_hook_is_bf16_on_a_gpu_and_fp16_on_a_cpu():
+    import torch
+    assert ddp_or_fsdp.compress_hook(torch.device("cpu")).__name__ == "fp16_compress_hook"
+    assert ddp_or_fsdp.compress_hook(torch.device("cuda", 0)).__name__ == "bf16_compress_hook"

@@ -34,3 +34,21 @@ def test_dcp_round_trip_restores_the_training_state(tmp_path):
         assert all(torch.equal(r["saved"][k], r["loaded"][k]) for k in r["saved"])
         assert r["adam_steps"] == (2, 2)
         assert r["next_loss"][0] == r["next_loss"][1]
+
+
+def test_wrap_tiny_transformer_rejects_unknown_wrappings():
+    from dpbook.models.transformer import build_tiny_transformer
+
+    with pytest.raises(ValueError, match="wrapping"):
+        fsdp_intro.wrap_tiny_transformer(build_tiny_transformer(), "embedding-only")
+
+
+@pytest.mark.distributed
+def test_root_keeps_embedding_and_head_unsharded_for_the_whole_step():
+    results = launch.spawn(fsdp_intro.root_unsharded, world_size=2, backend="gloo", timeout=180,
+                           output="none")
+    for r in results:
+        for moment in fsdp_intro.MOMENTS:
+            assert r["root"][moment] == {"embed": True, "head": True}
+            assert r["separate"][moment] == {"embed": False, "head": False}
+        assert r["params"]["embed"] == 64 * 32 and r["params"]["head"] == 32 * 64 + 64

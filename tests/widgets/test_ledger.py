@@ -25,9 +25,11 @@ def test_preset_parameter_counts_are_the_published_ones():
     assert p["llama-13b"].num_params == 13_015_864_320
     assert p["llama-70b"].num_params == 68_976_648_192  # Llama 2 70B, grouped-query attention
     assert p["mlp"].num_params == num_params(MLP()) == 2788
-    # the largest FSDP unit: one LLaMA-7B layer (attention + SwiGLU MLP + 2 RMSNorm)
+    # the largest layer unit: one LLaMA-7B layer (attention + SwiGLU MLP + 2 RMSNorm)
     assert p["llama-7b"].largest_unit == 4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096
-    assert p["mlp"].largest_unit == 32 * 32 + 32
+    # the root unit: embedding, final norm and the untied head
+    assert p["llama-7b"].root_unit == 2 * 32000 * 4096 + 4096
+    assert p["mlp"].largest_unit == 32 * 32 + 32 and p["mlp"].root_unit == 32 * 4 + 4
 
 
 @pytest.mark.parametrize("key", sorted(shapes.SHAPES))
@@ -51,7 +53,8 @@ def test_bars_are_vram_ledger(precision, phase):
             assert bar.ledger == memory.vram_ledger(
                 p.num_params, f.world_size, strategy, precision=precision,
                 optimizer="sgd_momentum", phase=phase, shard_size=shard,
-                largest_unit_params=p.largest_unit, activation_bytes=3 * GB)
+                largest_unit_params=p.largest_unit, root_unit_params=p.root_unit,
+                activation_bytes=3 * GB)
 
 
 def test_drawn_heights_are_proportional_to_the_ledger():
@@ -75,13 +78,14 @@ def test_llama_7b_mixed_adam_fit_verdicts():
     assert round(ddp.ledger.total / GB, 1) == 107.8
     assert ddp.fits == (False, False, False, True)  # 24, 40, 80 no; 141 GB yes
     full = by_n[8]["FULL_SHARD"]
-    # phase="step" (the default): 16 P / N, plus the gathered bf16 layer being computed
-    unit = shapes.presets()["llama-7b"].largest_unit
-    assert full.ledger.state == 16 * LLAMA_7B / 8 + 2 * unit * 7 / 8
-    assert all(full.fits)  # 13.8 GB per rank, even on 24 GB
+    # phase="step" (the default): 16 P / N, plus the gathered bf16 layer being computed and the
+    # root unit (embedding, norm, head), unsharded for the whole step
+    pre = shapes.presets()["llama-7b"]
+    assert full.ledger.state == 16 * LLAMA_7B / 8 + 2 * (pre.largest_unit + pre.root_unit) * 7 / 8
+    assert all(full.fits)  # 14.3 GB per rank, even on 24 GB
     assert by_n[2]["FULL_SHARD"].fits == (False, False, True, True)
     assert ledger.verdict(ddp) == "DDP cần 108 GB/rank, chỉ vừa GPU 141 GB"
-    assert ledger.verdict(full) == "FULL_SHARD cần 13,8 GB/rank, vừa mọi GPU"
+    assert ledger.verdict(full) == "FULL_SHARD cần 14,3 GB/rank, vừa mọi GPU"
     assert ledger.verdict(by_n[4]["ZeRO-1"]) == "ZeRO-1 cần 47,2 GB/rank, vừa GPU từ 80 GB trở lên"
     big = ledger.ledger_frames("llama-70b", world_sizes=(8,))[0].bars[0]
     assert ledger.verdict(big).endswith("không vừa GPU nào")

@@ -1,18 +1,28 @@
 """Choosing between DDP and FSDP: the decision rule of section 4.1.8, with the numbers behind it.
 
 A ``Job`` describes a training run (model size, GPUs, precision, optimizer, an activation
-allowance). ``recommend(job)`` prices three candidates with the package's own formulas,
-``memory.vram_ledger`` for bytes per GPU and ``costs`` for bytes per step, and applies the rule:
+allowance). ``recommend(job)`` prices the candidates with the package's own formulas,
+``memory.vram_ledger`` for bytes per GPU and ``costs`` for bytes per step, and climbs the
+ladder of the decision rule (``LADDER``, the page's "Quy tắc quyết định"):
 
 1. DDP if the whole training state (plus activations) fits one GPU;
-2. otherwise, on several nodes, ``HYBRID_SHARD`` with one node as the shard group, if that fits;
-3. otherwise ``FULL_SHARD`` over every GPU, if that fits;
-4. otherwise nothing here fits (more GPUs, activation checkpointing, offload, model parallelism).
+2. on one node, the rungs that shard without leaving it, in order: ZeRO-1 (DDP with
+   ``ZeroRedundancyOptimizer``: only the optimizer state is sharded), ``SHARD_GRAD_OP``
+   (ZeRO-2), ``FULL_SHARD`` (ZeRO-3); the first that fits;
+3. across nodes: ``HYBRID_SHARD`` (HSDP, one node as the shard group) if the state sharded
+   inside one node fits, else ``FULL_SHARD`` over every GPU;
+4. if even that does not fit, the reason says which of activation checkpointing (the sharded
+   state fits, the activations do not) or CPU offload / more GPUs (the state itself does not)
+   comes next.
 
-Memory is taken at ``phase="step"``: FSDP then also holds the full parameters of the unit it is
-computing (``largest_unit_params``). A ``headroom`` fraction of each GPU is kept free for the
-CUDA context, allocator fragmentation and communication buffers.
+Memory is taken at ``phase="step"``: FSDP then also holds the full parameters of the layer it is
+computing (``largest_unit_params``) and of the root unit (``root_unit_params``), and
+SHARD_GRAD_OP every parameter. A ``headroom`` fraction of each GPU is kept free for the CUDA
+context, allocator fragmentation and communication buffers.
 
+Traffic uses ``Psi = comm_bytes``: 2 bytes per parameter in mixed precision, which is what DDP
+sends with a 16-bit compression hook and FSDP with ``reduce_dtype=torch.bfloat16``; with DDP
+under plain autocast and FSDP with ``reduce_dtype=torch.float32``, see ``PRECISION_SETTINGS``.
 Inter-node traffic is counted per node under the ring model: a ring over all ranks, ordered by
 node, crosses each node boundary once, and that link carries what one rank sends. HYBRID_SHARD
 runs one ring AllReduce per position in the node (``shard_size`` of them), each over the nodes.
@@ -27,7 +37,9 @@ from .. import costs, memory, vi
 from ..checks import int_at_least, non_negative, one_of
 from ..style import GB
 
-CANDIDATES = ("DDP", "FULL_SHARD", "HYBRID_SHARD")
+CANDIDATES = ("DDP", "ZeRO-1", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
+IN_NODE = ("ZeRO-1", "SHARD_GRAD_OP", "FULL_SHARD")  # rung 2, in this order
+LADDER = ("DDP",) + IN_NODE + ("HYBRID_SHARD", "FULL_SHARD")
 
 
 @dataclass(frozen=True)
@@ -41,9 +53,10 @@ class Job:
     precision: str = "mixed"
     optimizer: str = "adam"
     activation_gb: float = 0.0  # activations and temporaries per GPU, an allowance the caller picks
-    largest_unit_params: int = 0  # the biggest FSDP unit (one Transformer layer, the embedding)
+    largest_unit_params: int = 0  # the biggest layer unit (one Transformer layer)
     headroom: float = 0.1  # fraction of each GPU kept free
     name: str = ""
+    root_unit_params: int = 0  # what the root unit keeps: embeddings, final norm, head
 
     def __post_init__(self):
         int_at_least("num_params", self.num_params)
@@ -55,9 +68,12 @@ class Job:
         non_negative("gpu_memory_gb", self.gpu_memory_gb)
         if self.gpu_memory_gb == 0:
             raise ValueError("gpu_memory_gb phải dương (dung lượng một GPU, tính bằng GB), nhận được 0.")
-        if not 0 <= self.largest_unit_params <= self.num_params:
-            raise ValueError(f"largest_unit_params phải nằm trong [0, num_params], nhận được "
-                             f"{self.largest_unit_params!r}.")
+        for name in ("largest_unit_params", "root_unit_params"):
+            if not 0 <= getattr(self, name) <= self.num_params:
+                raise ValueError(f"{name} phải nằm trong [0, num_params], nhận được "
+                                 f"{getattr(self, name)!r}.")
+        if self.largest_unit_params + self.root_unit_params > self.num_params:
+            raise ValueError("largest_unit_params + root_unit_params phải không quá num_params.")
         if isinstance(self.headroom, bool) or not isinstance(self.headroom, (int, float)) \
                 or not 0 <= self.headroom < 1:
             raise ValueError(f"headroom là phần VRAM để trống, phải nằm trong [0, 1), nhận được "
@@ -74,7 +90,8 @@ class Job:
 
     @property
     def comm_bytes(self) -> int:
-        """Bytes of ``Psi``: parameters as communicated (bf16 in mixed precision, fp32 otherwise)."""
+        """Bytes of ``Psi``: parameters as communicated (2 per parameter in mixed precision, the
+        16-bit convention, 4 in fp32)."""
         return self.num_params * memory.bytes_per_param(self.precision, self.optimizer)[0]
 
 
@@ -102,46 +119,78 @@ def _gb(nbytes: float, digits: int = 1) -> str:
     return vi.number(nbytes / GB, digits, group=" ")
 
 
+def step_volume(job: Job, strategy: str) -> costs.StepVolume:
+    """Bytes one rank sends per step with ``strategy``. ZeRO-1 is PyTorch's: DDP's AllReduce,
+    then ``ZeroRedundancyOptimizer.step`` broadcasts each rank's updated partition of the
+    parameters (``_broadcast_params_from_rank``), so that every rank receives the (N-1)/N of
+    ``Psi`` it did not update: an AllGather's worth, counted as one before the next forward."""
+    n, psi = job.world_size, job.comm_bytes
+    if strategy == "ZeRO-1":
+        return replace(costs.ddp_step_bytes(psi, n),
+                       all_gather_forward=costs.ring_bytes("all_gather", psi, n))
+    hybrid = {"shard_size": job.gpus_per_node} if strategy == "HYBRID_SHARD" else {}
+    return costs.fsdp_step_bytes(psi, n, strategy, **hybrid)
+
+
 def price(job: Job, strategy: str) -> Option:
     """Memory per GPU and traffic per step of ``strategy`` for ``job``."""
     one_of("strategy", strategy, CANDIDATES)
     if strategy == "HYBRID_SHARD" and job.nodes < 2:
         raise ValueError("HYBRID_SHARD cần ít nhất 2 node (nodes >= 2).")
-    n, s, psi = job.world_size, job.gpus_per_node, job.comm_bytes
-    hybrid = {"shard_size": s} if strategy == "HYBRID_SHARD" else {}
-    ledger = memory.vram_ledger(job.num_params, n, strategy, precision=job.precision,
-                                optimizer=job.optimizer, phase="step",
+    hybrid = {"shard_size": job.gpus_per_node} if strategy == "HYBRID_SHARD" else {}
+    ledger = memory.vram_ledger(job.num_params, job.world_size, strategy,
+                                precision=job.precision, optimizer=job.optimizer, phase="step",
                                 largest_unit_params=job.largest_unit_params,
+                                root_unit_params=job.root_unit_params,
                                 activation_bytes=job.activation_gb * GB, **hybrid)
-    volume = costs.fsdp_step_bytes(psi, n, "DDP" if strategy == "DDP" else strategy, **hybrid)
-    internode = costs.internode_bytes(volume, strategy, job.nodes, s)
+    volume = step_volume(job, strategy)
+    internode = costs.internode_bytes(volume, strategy, job.nodes, job.gpus_per_node)
     return Option(strategy, ledger.total, volume.total, internode,
                   ledger.total <= job.capacity_bytes)
 
 
 def recommend(job: Job) -> Recommendation:
-    """Apply the decision rule; the reason is one Vietnamese sentence with the numbers."""
+    """Climb ``LADDER``; the reason is one Vietnamese sentence with the numbers."""
     opts = {c: price(job, c) for c in CANDIDATES if c != "HYBRID_SHARD" or job.nodes > 1}
     cap, n, s = _gb(job.capacity_bytes), job.world_size, job.gpus_per_node
-    ddp, full = opts["DDP"], opts["FULL_SHARD"]
-    need = f"DDP cần {_gb(ddp.memory_bytes)} GB mỗi GPU > {cap} GB dùng được"
-    if ddp.fits:
+    need = f"DDP cần {_gb(opts['DDP'].memory_bytes)} GB mỗi GPU > {cap} GB dùng được"
+    if opts["DDP"].fits:
         return Recommendation(job, "DDP", (
-            f"DDP cần {_gb(ddp.memory_bytes)} GB mỗi GPU, vừa {cap} GB dùng được: "
+            f"DDP cần {_gb(opts['DDP'].memory_bytes)} GB mỗi GPU, vừa {cap} GB dùng được: "
             "chọn DDP (mã đơn giản nhất, giao tiếp ít nhất)."), opts)
-    hyb = opts.get("HYBRID_SHARD")
-    if hyb is not None and hyb.fits:
-        return Recommendation(job, "HYBRID_SHARD", (
-            f"{need}; chia trong một node ({s} GPU) còn {_gb(hyb.memory_bytes)} GB: chọn "
-            "FSDP HYBRID_SHARD, giữa các node chỉ AllReduce shard gradient."), opts)
-    if full.fits:
-        where = "" if hyb is None else f"; chia trong một node vẫn cần {_gb(hyb.memory_bytes)} GB"
-        return Recommendation(job, "FULL_SHARD", (
-            f"{need}{where}; FULL_SHARD trên {n} GPU còn {_gb(full.memory_bytes)} GB: "
-            "chọn FSDP FULL_SHARD."), opts)
-    return Recommendation(job, None, (
-        f"Ngay cả FULL_SHARD trên {n} GPU cũng cần {_gb(full.memory_bytes)} GB > {cap} GB: cần"
-        " thêm GPU hoặc kỹ thuật khác (tính lại activation, offload, song song mô hình)."), opts)
+    if job.nodes == 1:
+        tried = []
+        for c in IN_NODE:
+            if opts[c].fits:
+                return Recommendation(job, c, f"{need}; " + "".join(tried) + (
+                    f"{c} trên {n} GPU còn {_gb(opts[c].memory_bytes)} GB: chọn {_LABELS[c]}."),
+                    opts)
+            tried.append(f"{c} vẫn cần {_gb(opts[c].memory_bytes)} GB; ")
+    else:
+        hyb, full = opts["HYBRID_SHARD"], opts["FULL_SHARD"]
+        if hyb.fits:
+            return Recommendation(job, "HYBRID_SHARD", (
+                f"{need}; chia trong một node ({s} GPU) còn {_gb(hyb.memory_bytes)} GB: chọn "
+                "FSDP HYBRID_SHARD (HSDP), giữa các node chỉ AllReduce shard gradient."), opts)
+        if full.fits:
+            return Recommendation(job, "FULL_SHARD", (
+                f"{need}; chia trong một node vẫn cần {_gb(hyb.memory_bytes)} GB; FULL_SHARD "
+                f"trên {n} GPU còn {_gb(full.memory_bytes)} GB: chọn FSDP FULL_SHARD trên mọi "
+                "node."), opts)
+    return Recommendation(job, None, _beyond_sharding(job, opts["FULL_SHARD"]), opts)
+
+
+def _beyond_sharding(job: Job, full: Option) -> str:
+    """The last rung: is it the activations (checkpointing) or the state itself (offload)?"""
+    n, cap = job.world_size, job.capacity_bytes
+    state = full.memory_bytes - job.activation_gb * GB
+    head = (f"Ngay cả FULL_SHARD trên {n} GPU cũng cần {_gb(full.memory_bytes)} GB > "
+            f"{_gb(cap)} GB dùng được")
+    if state <= cap:
+        return (f"{head}; riêng trạng thái đã chia ({_gb(state)} GB) thì vừa: bật activation "
+                "checkpointing (tính lại activation) để giảm khoản activation.")
+    return (f"{head}; riêng trạng thái đã chia đã cần {_gb(state)} GB: chuyển trạng thái ra bộ "
+            "nhớ CPU (CPU offload), thêm GPU, hoặc song song mô hình.")
 
 
 def resnet50_num_params(num_classes: int = 1000) -> int:
@@ -184,28 +233,43 @@ def wrap_facts(par) -> dict:
 
 def compare_run(rank: int, world_size: int, parallels=None) -> dict:
     """Rank function for ``launch.spawn``: ``measure.measure_step`` and ``wrap_facts`` for DDP
-    and FSDP2 (``reshard_after_forward=True``, i.e. FULL_SHARD), keyed by label."""
+    and FSDP2 (``reshard_after_forward=True``, i.e. FULL_SHARD), keyed by label; then, in the
+    same launch, ``precision_run``, ``zero1_run`` and ``optimizer_order`` (keys ``"precision"``,
+    ``"zero1"``, ``"optimizer_order"``)."""
     from ..measure import measure_step
     from ..train import Parallel
 
     parallels = parallels or (Parallel("ddp"), Parallel("fsdp2", reshard_after_forward=True))
-    return {p.label: {**measure_step(rank, world_size, p), "code": wrap_facts(p)}
-            for p in parallels}
+    out = {p.label: {**measure_step(rank, world_size, p), "code": wrap_facts(p)}
+           for p in parallels}
+    out["precision"] = precision_run(rank, world_size)
+    out["zero1"] = zero1_run(rank, world_size)
+    out["optimizer_order"] = optimizer_order(rank, world_size)
+    return out
 
 
 # --- what the page shows: tables (HTML, so they render in the static book) and a figure
 
-_LABELS = {"DDP": "DDP", "FULL_SHARD": "FSDP FULL_SHARD", "HYBRID_SHARD": "FSDP HYBRID_SHARD"}
-_FORMULAS = {
-    "memory": {"DDP": "{k}P", "FULL_SHARD": "{k}P/N + một đơn vị đầy đủ",
-               "HYBRID_SHARD": "{k}P/S + một đơn vị đầy đủ"},  # k: state bytes per parameter
-    "sent": {"DDP": "2(N−1)/N · Ψ", "FULL_SHARD": "3(N−1)/N · Ψ",
+_LABELS = {"DDP": "DDP", "ZeRO-1": "ZeRO-1 (ZeroRedundancyOptimizer)",
+           "SHARD_GRAD_OP": "FSDP SHARD_GRAD_OP", "FULL_SHARD": "FSDP FULL_SHARD",
+           "HYBRID_SHARD": "FSDP HYBRID_SHARD"}
+_FORMULAS = {  # memory: p, g, o bytes per parameter of parameters, gradients, optimizer state
+    "memory": {"DDP": "{k}P", "ZeRO-1": "{pg}P + {o}P/N", "SHARD_GRAD_OP": "{p}P + {go}P/N",
+               "FULL_SHARD": "{k}P/N + gốc và một khối đầy đủ",
+               "HYBRID_SHARD": "{k}P/S + gốc và một khối đầy đủ"},
+    "sent": {"DDP": "2(N−1)/N · Ψ", "ZeRO-1": "3(N−1)/N · Ψ (AllReduce, rồi Broadcast tham số)",
+             "SHARD_GRAD_OP": "2(N−1)/N · Ψ", "FULL_SHARD": "3(N−1)/N · Ψ",
              "HYBRID_SHARD": "3(S−1)/S · Ψ + 2(R−1)/R · Ψ/S"},
     "code": {"DDP": "thấp: bọc DDP(model), DistributedSampler, rank 0 lưu state_dict",
+             "ZeRO-1": "thấp: giữ DDP, thay bộ tối ưu bằng ZeroRedundancyOptimizer; gom trạng "
+                       "thái bằng consolidate_state_dict trước khi lưu",
+             "SHARD_GRAD_OP": "như FULL_SHARD, với reshard_after_forward=False",
              "FULL_SHARD": "cao hơn: fully_shard từng khối rồi gốc, tạo optimizer sau khi bọc, "
                            "MixedPrecisionPolicy, lưu bằng DCP trên mọi rank",
              "HYBRID_SHARD": "như FULL_SHARD, thêm DeviceMesh hai chiều (node × GPU)"},
     "scale": {"DDP": "mô hình vừa một GPU, một hay nhiều node",
+              "ZeRO-1": "chỉ trạng thái bộ tối ưu làm tràn GPU",
+              "SHARD_GRAD_OP": "tham số đầy đủ vẫn vừa, gradient và bộ tối ưu thì không",
               "FULL_SHARD": "không vừa một GPU; một node, hoặc chia trong một node vẫn không vừa",
               "HYBRID_SHARD": "nhiều node, mô hình vừa khi chia trong một node"},
 }
@@ -226,9 +290,10 @@ def criteria_html(rec: Recommendation) -> str:
         return f"{_gb(nbytes, 2)} GB"
 
     names = list(rec.options)
-    k = sum(memory.bytes_per_param(rec.job.precision, rec.job.optimizer))
+    p, g, o = memory.bytes_per_param(rec.job.precision, rec.job.optimizer)
+    sizes = {"k": p + g + o, "pg": p + g, "o": o, "p": p, "go": g + o}
     rows = [["Bộ nhớ mỗi GPU (trạng thái + activation)"]
-            + [f"{_FORMULAS['memory'][c].format(k=k)} + activation: "
+            + [f"{_FORMULAS['memory'][c].format(**sizes)} + activation: "
                f"{gb(rec.options[c].memory_bytes)}" for c in names],
             ["Lượng gửi mỗi GPU mỗi bước"]
             + [f"{_FORMULAS['sent'][c]}: {gb(rec.options[c].sent_bytes)}" for c in names]]
@@ -249,8 +314,8 @@ def decision_html(recs: list[Recommendation]) -> str:
     rows = [[r.job.name, f"{r.job.nodes} × {r.job.gpus_per_node} × {r.job.gpu_memory_gb:g} GB",
              _gb(r.job.capacity_bytes)] + [mem(r, c) for c in CANDIDATES]
             + [_LABELS.get(r.choice, "không phương án nào vừa")] for r in recs]
-    return _table(["Trường hợp", "node × GPU × VRAM", "dùng được (GB)", "DDP (GB)",
-                   "FULL_SHARD (GB)", "HYBRID_SHARD (GB)", "Lựa chọn"], rows)
+    return _table(["Trường hợp", "node × GPU × VRAM", "dùng được (GB)"]
+                  + [f"{c} (GB)" for c in CANDIDATES] + ["Lựa chọn"], rows)
 
 
 def memory_figure(job: Job, world_sizes=(1, 2, 4, 8, 16, 32, 64)):
@@ -281,3 +346,166 @@ def memory_figure(job: Job, world_sizes=(1, 2, 4, 8, 16, 32, 64)):
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig, ys
+
+
+# --- what mixed precision really sends: DDP under autocast, DDP with a compression hook, FSDP2
+
+# (name shown, wrapping, AllGather bytes per parameter, ReduceScatter or AllReduce bytes per
+# parameter). DDP all-reduces ``.grad``, whose dtype is the parameter's (fp32 under autocast);
+# only a communication hook, or bf16 parameters, changes it. FSDP2 all-gathers in
+# ``param_dtype`` and reduce-scatters in ``reduce_dtype``. The hook is ``bf16_compress_hook``
+# on a GPU; DDP refuses it without CUDA and NCCL (``DistributedDataParallel._check_comm_hook``),
+# so a CPU rank uses ``fp16_compress_hook``: the same ``_compress_hook``, 2 bytes per element.
+PRECISION_SETTINGS = (
+    ("DDP, fp32", "ddp", None, 0, 4),
+    ("DDP + autocast bf16", "ddp_autocast", None, 0, 4),
+    ("DDP + autocast + hook nén 16 bit", "ddp_hook", None, 0, 2),
+    ("FSDP2, fp32", "fsdp2", None, 4, 4),
+    ("FSDP2, param bf16, reduce fp32", "fsdp2", "float32", 2, 4),
+    ("FSDP2, param bf16, reduce bf16", "fsdp2", "bfloat16", 2, 2),
+)
+
+
+def precision_bytes(num_params: int, world_size: int, setting: str) -> "costs.StepVolume":
+    """Bytes one rank sends in one step with ``setting`` (a name of ``PRECISION_SETTINGS``),
+    under the ring model: DDP one AllReduce of the gradients, FSDP (resharding every unit,
+    the root too) two AllGathers of the parameters and one ReduceScatter of the gradients."""
+    int_at_least("num_params", num_params)
+    rows = {name: (ag, red) for name, _, _, ag, red in PRECISION_SETTINGS}
+    one_of("setting", setting, rows)
+    ag, red = rows[setting]
+    if not ag:
+        return costs.ddp_step_bytes(red * num_params, world_size)
+    return replace(costs.fsdp_step_bytes(ag * num_params, world_size, "FULL_SHARD"),
+                   reduce_scatter=costs.ring_bytes("reduce_scatter", red * num_params, world_size))
+
+
+def compress_hook(dev):
+    """DDP's 16-bit compression hook for a rank on ``dev``: ``bf16_compress_hook`` on a GPU,
+    ``fp16_compress_hook`` on a CPU (DDP accepts the bf16 one only with CUDA and NCCL)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return default_hooks.bf16_compress_hook if dev.type == "cuda" \
+        else default_hooks.fp16_compress_hook
+
+
+def _wrap_for_precision(model, how: str, reduce_dtype: str | None):
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from ..train import apply_ddp, apply_fsdp2
+
+    if how.startswith("ddp"):
+        wrapped = apply_ddp(model)
+        if how == "ddp_hook":
+            wrapped.register_comm_hook(None, compress_hook(next(wrapped.parameters()).device))
+        return wrapped
+    mp = {} if reduce_dtype is None else {"mp_policy": MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16, reduce_dtype=getattr(torch, reduce_dtype))}
+    return apply_fsdp2(model, reshard_after_forward=True, **mp)
+
+
+def precision_run(rank: int, world_size: int, batch_size: int = 8, warmup: int = 2) -> dict:
+    """Rank function: for every ``PRECISION_SETTINGS`` row, train the small MLP and record the
+    collectives of one step after ``warmup`` steps (``measure.CommLog``). Returns, by name, the
+    step's ``StepVolume`` and the dtypes of the parameters and gradients the collectives saw."""
+    import contextlib
+
+    import torch
+
+    from ..data import rank_batch, synthetic_regression
+    from ..measure import CommLog
+    from ..models import build_mlp
+
+    ds = synthetic_regression(batch_size * world_size)
+    out = {}
+    for name, how, reduce_dtype, _, _ in PRECISION_SETTINGS:
+        model = _wrap_for_precision(build_mlp(), how, reduce_dtype)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        dev = next(model.parameters()).device
+        x, y = rank_batch(ds.tensors, rank, batch_size, dev)
+        cast = torch.autocast(dev.type, dtype=torch.bfloat16) if how != "ddp" or reduce_dtype \
+            else contextlib.nullcontext()
+        for i in range(warmup + 1):
+            with CommLog() if i == warmup else contextlib.nullcontext() as log:
+                with cast if how.startswith("ddp") else contextlib.nullcontext():
+                    out_ = model(x)
+                torch.nn.functional.mse_loss(out_.float(), y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        p0 = next(model.parameters())
+        out[name] = {"volume": log.volume(), "param_dtype": str(p0.dtype).removeprefix("torch."),
+                     "records": log.records}
+    return out
+
+
+# --- ZeRO-1 in PyTorch: DDP plus ZeroRedundancyOptimizer
+
+def zero1_run(rank: int, world_size: int, batch_size: int = 8, warmup: int = 2) -> dict:
+    """Rank function: DDP with ``ZeroRedundancyOptimizer`` (Adam), PyTorch's ZeRO-1. Records one
+    step's collectives and the optimizer state this rank holds (its partition only)."""
+    import torch
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from ..data import rank_batch, synthetic_regression
+    from ..measure import CommLog, state_bytes
+    from ..models import build_mlp
+    from ..train import apply_ddp, train_step
+
+    model = apply_ddp(build_mlp())
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
+    ds = synthetic_regression(batch_size * world_size)
+    x, y = rank_batch(ds.tensors, rank, batch_size, next(model.parameters()).device)
+    for _ in range(warmup):
+        train_step(model, opt, x, y)
+    with CommLog() as log:
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return {"records": log.records, "state": state_bytes(model, opt.optim),
+            "local_params": sum(p.numel() for g in opt.optim.param_groups for p in g["params"])}
+
+
+# --- the optimizer must be built after fully_shard
+
+def optimizer_order(rank: int, world_size: int, batch_size: int = 8) -> dict:
+    """Rank function: two FSDP2 MLPs, one with Adam built *before* ``fully_shard``, one after;
+    one step each. Returns, for ``"before"`` and ``"after"``: whether the model's (full)
+    parameters changed, whether the optimizer's parameters are the model's, how many of them
+    got a ``.grad``, the bytes the optimizer's ``param_groups`` hold on this rank (the full
+    originals, or local shards) and the bytes of this rank's shards of the model's parameters.
+
+    ``fully_shard`` replaces every parameter: ``FSDPParam._init_sharded_param``
+    (``torch/distributed/fsdp/_fully_shard/_fsdp_param.py``) builds a new ``nn.Parameter``
+    around a sharded DTensor and sets it on the module (``_setattr_on_modules``); the old one
+    stays alive only through whoever still refers to it, here the optimizer."""
+    import torch
+
+    from ..data import rank_batch, synthetic_regression
+    from ..measure import local_bytes
+    from ..models import build_mlp
+    from ..train import apply_fsdp2, full_state_dict
+
+    ds = synthetic_regression(batch_size * world_size)
+    out = {}
+    for order in ("before", "after"):
+        model = build_mlp()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2) if order == "before" else None
+        apply_fsdp2(model)
+        opt = opt or torch.optim.Adam(model.parameters(), lr=1e-2)
+        held = [p for g in opt.param_groups for p in g["params"]]
+        x, y = rank_batch(ds.tensors, rank, batch_size, next(model.parameters()).device)
+        start = full_state_dict(model)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        with_grad = sum(p.grad is not None for p in held)
+        opt.step()
+        end = full_state_dict(model)
+        ids = {id(p) for p in model.parameters()}
+        out[order] = {
+            "changed": any(not torch.equal(start[k], end[k]) for k in start),
+            "same_objects": all(id(p) in ids for p in held),
+            "with_grad": with_grad, "held": len(held),
+            "optimizer_bytes": sum(local_bytes(p) for p in held),
+            "shard_bytes": sum(local_bytes(p) for p in model.parameters()),
+            "adam_states": len(opt.state),
+        }
+    return out

@@ -1,7 +1,8 @@
 """Section 4.1.6 (FSDP): rank functions for the page, run by ``launch.spawn``.
 
 ``fsdp_tour`` does everything the page measures in one launch: the per-step volume of DDP and of
-FSDP2 (``measure.measure_step``), what ``fully_shard`` turns a parameter into, and a
+FSDP2 (``measure.measure_step``), what ``fully_shard`` turns a parameter into, which of a small
+Transformer's embedding and head stay unsharded through the step (``root_unsharded``), and a
 Distributed Checkpoint (DCP) save and load on every rank.
 """
 
@@ -85,10 +86,92 @@ def dcp_round_trip(rank: int, world_size: int, ckpt_dir: str, steps: int = 2) ->
 
 
 def fsdp_tour(rank: int, world_size: int, ckpt_dir: str, parallels=TOUR_PARALLELS) -> dict:
-    """Rank function: ``measure_step`` for each of ``parallels`` (keyed by label), then
-    ``dcp_round_trip`` into ``ckpt_dir``; one launch for the whole page."""
+    """Rank function: ``measure_step`` for each of ``parallels`` (keyed by label),
+    ``root_unsharded``, then ``dcp_round_trip`` into ``ckpt_dir``; one launch for the page."""
     from ..measure import measure_step
 
     out = {"measured": {p.label: measure_step(rank, world_size, p) for p in parallels}}
+    out["root"] = root_unsharded(rank, world_size)
     out["dcp"] = dcp_round_trip(rank, world_size, ckpt_dir)
+    return out
+
+
+# --- the root unit: what it keeps unsharded, and wrapping embedding and head apart
+
+ROOT_WRAPPINGS = ("root", "separate")
+MOMENTS = ("lượt xuôi, khối cuối", "giữa lượt xuôi và lượt ngược", "lượt ngược, khối đầu")
+
+
+def wrap_tiny_transformer(model, wrapping: str):
+    """FSDP2 on ``models.TinyTransformer``. ``"root"``: ``fully_shard`` each block, then the
+    root, which keeps the embedding, the final norm and the head (PyTorch's default
+    ``reshard_after_forward=None``). ``"separate"``: the embedding and ``[norm, head]`` are
+    units of their own, resharded after forward, as torchtitan wraps ``tok_embeddings``
+    (``torchtitan/models/llama3/infra/parallelize.py``, ``apply_fsdp``); the root keeps nothing."""
+    from torch.distributed.fsdp import fully_shard
+
+    from ..checks import one_of
+    from ..launch import device
+    from ..train import rank_mesh
+
+    one_of("wrapping", wrapping, ROOT_WRAPPINGS)
+    model = model.to(device())
+    mesh = rank_mesh()
+    if wrapping == "separate":
+        fully_shard(model.embed, mesh=mesh, reshard_after_forward=True)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    if wrapping == "separate":
+        fully_shard([model.norm, model.head], mesh=mesh, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _look_through_step(wrapping: str, rank: int, batch_size: int, x, y) -> dict:
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from ..models.transformer import build_tiny_transformer
+
+    model = wrap_tiny_transformer(build_tiny_transformer(), wrapping)
+    seen = {}
+
+    def look(moment):
+        seen[moment] = {name: not isinstance(getattr(model, name).weight, DTensor)
+                        for name in ("embed", "head")}
+
+    h1 = model.blocks[-1].register_forward_pre_hook(lambda *_: look(MOMENTS[0]))
+    h2 = model.blocks[0].register_full_backward_pre_hook(lambda *_: look(MOMENTS[2]))
+    dev = next(model.parameters()).device
+    xb, yb = (t[rank * batch_size:(rank + 1) * batch_size].to(dev) for t in (x, y))
+    logits = model(xb)
+    look(MOMENTS[1])
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), yb.flatten()).backward()
+    h1.remove()
+    h2.remove()
+    return seen
+
+
+def root_unsharded(rank: int, world_size: int, batch_size: int = 4) -> dict:
+    """Rank function: for each of ``ROOT_WRAPPINGS``, one step of a TinyTransformer, looking at
+    three moments (``MOMENTS``: the last block's forward, between forward and backward, the
+    first block's backward) whether the embedding and the head are unsharded right then: FSDP2
+    swaps a module's parameter between a sharded DTensor and a plain full tensor. Also returns
+    the parameters of the embedding, the head and the whole model."""
+    import warnings
+
+    from ..models.transformer import build_tiny_transformer, random_tokens
+
+    x, y = random_tokens(batch_size * world_size)
+    out = {}
+    with warnings.catch_warnings():
+        # The head returns a view of its matmul; FSDP2 warns that an in-place op on it would
+        # skip its pre-backward hook. The step below does none.
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
+        for wrapping in ROOT_WRAPPINGS:
+            out[wrapping] = _look_through_step(wrapping, rank, batch_size, x, y)
+    ref = build_tiny_transformer()
+    out["params"] = {"embed": ref.embed.weight.numel(),
+                     "head": sum(p.numel() for p in ref.head.parameters()),
+                     "total": sum(p.numel() for p in ref.parameters())}
     return out

@@ -93,7 +93,8 @@ def ledger_frames(preset: str = "llama-7b", *, world_sizes=WORLD_SIZES,
            activation_bytes, gpus_gb)
     p = presets()[preset]
     kw = dict(precision=precision, optimizer=optimizer, phase=phase,
-              largest_unit_params=p.largest_unit, activation_bytes=float(activation_bytes))
+              largest_unit_params=p.largest_unit, root_unit_params=p.root_unit,
+              activation_bytes=float(activation_bytes))
     frames = []
     for n in world_sizes:
         bars = tuple(_bar(p.num_params, n, s, shard_size, tuple(gpus_gb), kw) for s in strategies)
