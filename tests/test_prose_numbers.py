@@ -104,7 +104,14 @@ def test_chapter_intro_formulas(chapter):
     for n in (2, 8, 64):
         assert costs.fsdp_step_bytes(1.0, n).total / costs.ddp_step_bytes(1.0, n).total == pytest.approx(1.5)
     assert "2\\frac{N-1}{N}\\Psi" in chapter and "3\\frac{N-1}{N}\\Psi" in chapter
-    assert "khoảng 1,5 lần DDP" in chapter and "nhiều hơn DDP 50%" in chapter
+    assert "1,5 lần DDP khi hai bên trao đổi cùng kiểu dữ liệu" in chapter
+    assert "nhiều hơn DDP 50%" in chapter
+    # bf16 parameters gathered twice, gradients reduced in fp32: as many bytes as fp32 DDP
+    P, n = 10**6, 8
+    mixed = 2 * costs.ring_bytes("all_gather", 2 * P, n) + costs.ring_bytes("reduce_scatter", 4 * P, n)
+    assert mixed == pytest.approx(costs.ddp_step_bytes(4 * P, n).total)
+    assert "tham số bf16 mà gradient rút gọn ở fp32 thì bằng DDP fp32" in chapter
+    assert "của đơn vị đang tính và của đơn vị gốc" in chapter
     # HYBRID_SHARD in the strategy table: 3(S-1)/S Psi inside a node, 2(R-1)/R Psi/S across
     for nodes, per_node in ((2, 8), (4, 4)):
         n, psi = nodes * per_node, 1.0
