@@ -1,8 +1,8 @@
 """Start ``world_size`` ranks from a notebook or a script and bring their results back.
 
 ``spawn(fn, *args, world_size=None, backend="auto", timeout=120.0, output="prefix")`` runs
-``fn(rank, world_size, *args, **kwargs)`` in fresh processes (start method ``spawn``), each with
-its process group already initialised, and returns the per-rank return values in rank order.
+``fn(rank, world_size, *args, **kwargs)`` in fresh processes (forked from a forkserver, see below),
+each with its process group already initialised, and returns the per-rank return values in rank order.
 
 Design choices, and why:
 
@@ -59,6 +59,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from . import vi
 from .checks import int_at_least, one_of
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -500,7 +501,8 @@ def _collect(procs, q, n, timeout, output, logs) -> list:
             if not seen.errors and time.monotonic() > deadline:
                 running = sorted(r for r in range(n) if r not in seen.results)
                 raise TimeoutError(
-                    f"Quá thời gian chờ {timeout:g} s: rank {', '.join(map(str, running))} vẫn "
+                    f"Quá thời gian chờ {vi.general(timeout)} s: rank "
+                    f"{', '.join(map(str, running))} vẫn "
                     "đang chạy (có thể đang chờ một phép toán tập thể mà rank khác không gọi). "
                     "Các process đã bị dừng; hãy kiểm tra mọi rank có gọi cùng chuỗi collective "
                     "không."

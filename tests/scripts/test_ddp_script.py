@@ -28,7 +28,7 @@ def test_loader_needs_a_whole_number_of_steps():
 
 
 def test_progress_bar_prints_a_few_lines(capsys):
-    assert ddp_script.progress_line("e", 5, 10, 0.5, width=10) == "e |█████·····| 5/10 loss=0.5000"
+    assert ddp_script.progress_line("e", 5, 10, 0.5, width=10) == "e |█████·····| 5/10 loss=0,5000"
     bar = ddp_script.Progress("e", 16, enabled=True)
     for _ in range(16):
         bar.update(1.0)

@@ -40,7 +40,7 @@ def test_a_peak_ordering_that_breaks_the_pages_claim_is_reported():
             {"world_size": 2, "method": "FSDP2 reshard_after_forward=None", "peak_mib": 6.0},
             {"world_size": 4, "method": "DDP", "peak_mib": 10.0},
             {"world_size": 4, "method": "FSDP2 reshard_after_forward=None", "peak_mib": 10.5}]
-    assert gpu_check.peak_problems(rows) == ["N = 4: FSDP2 10.5 MiB ≥ DDP 10.0 MiB"]
+    assert gpu_check.peak_problems(rows) == ["N = 4: FSDP2 10,5 MiB ≥ DDP 10,0 MiB"]
 
 
 def test_the_environment_report_names_a_t4_the_wheel_cannot_run(monkeypatch):

@@ -18,7 +18,7 @@ from dpbook.models import build_mlp
 from dpbook.widgets import fsdp
 from dpbook.style import PALETTE
 
-DEFAULT = "FULL_SHARD (mặc định PyTorch: root không reshard)"
+DEFAULT = "FULL_SHARD (mặc định PyTorch: root không chia mảnh lại)"
 BLOCK_PARAMS = [16 * 32 + 32, 32 * 32 + 32, 32 * 32 + 32]
 ROOT, L = 3, 3  # index of the root unit, number of blocks
 P = sum(BLOCK_PARAMS) + 32 * 4 + 4
@@ -277,8 +277,12 @@ def test_svg_is_valid_with_vietnamese_labels_and_palette_colours(traces):
         assert all(unicodedata.normalize("NFC", f.caption) == f.caption and f.caption
                    for f in frames)
     text = fsdp.player_for(traces["FULL_SHARD"]).to_html()
-    for word in ("giải phóng", "tính gradient", "ReduceScatter", "AllGather", "prefetch"):
+    for word in ("giải phóng", "tính gradient", "ReduceScatter", "AllGather", "prefetch",
+                 "gradient chưa rút gọn", "gradient đã rút gọn (phần của rank)", "đơn vị"):
         assert word in text
+    # the labels use the glossary's words, not English verbs or the English "unit"
+    for word in ("chưa reduce", "đã reduce", "đã AllReduce", " unit"):
+        assert word not in text
 
 
 @pytest.mark.distributed

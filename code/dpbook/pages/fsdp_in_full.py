@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .. import vi
 from ..checks import int_at_least, one_of
 from ..launch import device
 from ..train import amp_dtype, cpu_copy, dtype_name, grad_scaler, shard_blocks
@@ -260,7 +261,7 @@ def practice_tour(rank: int, world_size: int, ckpt_dir: str) -> dict:
         t0 = time.perf_counter()
         out[name] = run()
         if rank == 0:
-            print(f"xong phần {name!r} sau {time.perf_counter() - t0:.2f} s")
+            print(f"xong phần {name!r} sau {vi.number(time.perf_counter() - t0, 2)} s")
     return out
 
 

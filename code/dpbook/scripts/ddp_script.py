@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from .. import vi
 from ..averaging import loss_fn
 from ..checks import int_at_least, non_negative, one_of
 from ..data import synthetic_regression
@@ -76,7 +77,7 @@ class ScriptConfig:
             raise ValueError(f"momentum phải nằm trong [0, 1), nhận được {self.momentum!r}.")
         one_of("dtype", self.dtype, tuple(DTYPES))
         if self.resume and not self.checkpoint:
-            raise ValueError("resume=True cần checkpoint (đường dẫn file để tải lại).")
+            raise ValueError("resume=True cần checkpoint (đường dẫn file để nạp lại).")
 
 
 def dataset(cfg: ScriptConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,7 +169,8 @@ def evaluate(model, cfg: ScriptConfig, rank: int, world_size: int, dev) -> dict:
 def progress_line(label: str, done: int, total: int, loss: float, width: int = 20) -> str:
     """One frame of the text progress bar (``tqdm`` is not a dependency of the book)."""
     filled = round(width * done / total)
-    return f"{label} |{'█' * filled}{'·' * (width - filled)}| {done}/{total} loss={loss:.4f}"
+    bar = "█" * filled + "·" * (width - filled)
+    return f"{label} |{bar}| {done}/{total} loss={vi.number(loss, 4)}"
 
 
 class Progress:
@@ -261,8 +263,9 @@ def run(rank: int, world_size: int, cfg: ScriptConfig) -> dict:
             evals.append({"epoch": epoch + 1, "step": len(losses),
                           **evaluate(model, cfg, rank, world_size, dev)})
             if rank == 0 and cfg.progress:
-                print(f"  đánh giá sau epoch {epoch + 1}: MSE = {evals[-1]['mse']:.4f}, "
-                      f"MAE = {evals[-1]['mae']:.4f} ({evals[-1]['samples']} mẫu)", flush=True)
+                ev = evals[-1]
+                print(f"  đánh giá sau epoch {epoch + 1}: MSE = {vi.number(ev['mse'], 4)}, "
+                      f"MAE = {vi.number(ev['mae'], 4)} ({ev['samples']} mẫu)", flush=True)
         if cfg.checkpoint:
             save_checkpoint(model, optimizer, epoch, cfg, scaler)
     net = model.module if isinstance(model, DDP) else model
@@ -296,9 +299,9 @@ def parse_args(argv: Sequence[str] | None = None) -> ScriptConfig:
     p.add_argument("--no-amp", dest="amp", action="store_false",
                    help="tắt autocast 16 bit trên GPU (bf16, hoặc fp16 nếu GPU không có bf16)")
     p.add_argument("--checkpoint", default=None, help="file checkpoint (rank 0 ghi)")
-    p.add_argument("--resume", action="store_true", help="tải checkpoint rồi huấn luyện tiếp")
+    p.add_argument("--resume", action="store_true", help="nạp checkpoint rồi huấn luyện tiếp")
     p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="không in thanh tiến trình")
+                   help="không in thanh tiến độ")
     args = p.parse_args(argv)
     try:
         return ScriptConfig(**vars(args))
@@ -319,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if history["rank"] == 0:
         print(f"Xong: {history['world_size']} process, thiết bị {history['device']}, "
               f"autocast {history['amp_dtype'] or 'tắt'}, "
-              f"{len(history['losses'])} bước, loss cuối = {history['losses'][-1]:.4f}"
+              f"{len(history['losses'])} bước, giá trị mất mát cuối = "
+              f"{vi.number(history['losses'][-1], 4)}"
               + (f"; checkpoint: {cfg.checkpoint}" if cfg.checkpoint else ""), flush=True)
     return 0
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from .. import launch, measure
+from .. import launch, measure, vi
 from ..labs import compare
 from ..train import Parallel
 from . import gpu_pages
@@ -101,14 +101,16 @@ def run(timeout: float = 240.0) -> list[dict]:
 def peak_problems(rows: list[dict]) -> list[str]:
     """Where FSDP2 does not peak below DDP at the same world size (2 ranks or more)."""
     by = {(r["world_size"], r["method"].split()[0]): r["peak_mib"] for r in rows}
-    return [f"N = {ws}: FSDP2 {by[ws, 'FSDP2']:.1f} MiB ≥ DDP {by[ws, 'DDP']:.1f} MiB"
+    return [f"N = {ws}: FSDP2 {vi.number(by[ws, 'FSDP2'], 1)} MiB ≥ DDP "
+            f"{vi.number(by[ws, 'DDP'], 1)} MiB"
             for ws, m in by if m == "DDP" and ws >= 2 and (ws, "FSDP2") in by
             and by[ws, "FSDP2"] >= by[ws, "DDP"]]
 
 
 def print_pages(rows: list[dict]) -> bool:
     for row in rows:
-        print(f"  {'✓' if row['ok'] else '✗'} {row['page']:<22} {row['seconds']:6.1f} s  "
+        seconds = vi.number(row["seconds"], 1)
+        print(f"  {'✓' if row['ok'] else '✗'} {row['page']:<22} {seconds:>6} s  "
               f"{row['detail']}")
     return all(r["ok"] for r in rows)
 
@@ -151,7 +153,7 @@ def main(argv=None) -> int:
     print("\n".join(environment()))
     print(launch.describe_mode(gpus))
     rows = run()
-    header = (f"{'N':>3} {'cách chia':<42} {'peak MiB':>9} {'bước ms':>8} "
+    header = (f"{'N':>3} {'cách chia':<42} {'đỉnh MiB':>9} {'bước ms':>8} "
               f"{'giao tiếp MiB':>13} {'dự đoán MiB':>11}")
     print(header)
     print("-" * len(header))
@@ -159,8 +161,10 @@ def main(argv=None) -> int:
     for r in rows:
         match = abs(r["comm_mib"] - r["predicted_mib"]) <= 1e-9 + 1e-6 * r["predicted_mib"]
         ok &= match
-        print(f"{r['world_size']:>3} {r['method']:<42} {r['peak_mib']:>9.1f} {r['step_ms']:>8.2f} "
-              f"{r['comm_mib']:>13.2f} {r['predicted_mib']:>11.2f}{'' if match else '  ≠'}")
+        cols = (vi.number(r["peak_mib"], 1), vi.number(r["step_ms"], 2),
+                vi.number(r["comm_mib"], 2), vi.number(r["predicted_mib"], 2))
+        print(f"{r['world_size']:>3} {r['method']:<42} {cols[0]:>9} {cols[1]:>8} "
+              f"{cols[2]:>13} {cols[3]:>11}{'' if match else '  ≠'}")
     print("Giao tiếp: " + ("khớp công thức." if ok else "có dòng không khớp công thức (≠)."))
     problems = peak_problems(rows)
     ok &= not problems

@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from .. import launch
+from .. import launch, vi
 
 
 def _expect_device(dev: str, backend: str) -> None:
@@ -64,7 +64,7 @@ def _ddp_script(ws: int, backend: str, timeout: float) -> str:
     if r0["autocast"] != r0["device"].startswith("cuda"):  # 16-bit autocast on CUDA only
         raise AssertionError(f"autocast={r0['autocast']} trên {r0['device']}")
     return (f"{len(r0['losses'])} bước trên {r0['device']}, autocast {r0['amp_dtype'] or 'tắt'}, "
-            f"loss cuối {r0['losses'][-1]:.4f}")
+            f"giá trị mất mát cuối {vi.number(r0['losses'][-1], 4)}")
 
 
 def _fsdp_script(ws: int, backend: str, timeout: float) -> str:
@@ -87,7 +87,8 @@ def _torchrun(ws: int, backend: str, timeout: float) -> str:
         raise AssertionError(f"{len(records)} worker, backend {[r['backend'] for r in records]}")
     for r in records:
         _expect_device(r["device"], r["backend"])
-    return f"{len(records)} worker dùng {records[0]['backend']}, AllReduce = {records[0]['allreduce_sum']:g}"
+    total = vi.general(records[0]["allreduce_sum"])
+    return f"{len(records)} worker dùng {records[0]['backend']}, AllReduce = {total}"
 
 
 def _nccl_debug(ws: int, backend: str, timeout: float) -> str:
@@ -105,7 +106,7 @@ def _nccl_debug(ws: int, backend: str, timeout: float) -> str:
         raise AssertionError(f"AllReduce trả về {sums}")
     if _expected(ws, backend) == "nccl" and not any("NCCL INFO" in line for line in lines):
         raise AssertionError("NCCL_DEBUG=INFO không ghi dòng log nào")
-    return f"AllReduce = {sums[0]:g}, {len(lines)} dòng log NCCL"
+    return f"AllReduce = {vi.general(sums[0])}, {len(lines)} dòng log NCCL"
 
 
 def _errors(ws: int, backend: str, timeout: float) -> str:
@@ -132,7 +133,9 @@ def _errors(ws: int, backend: str, timeout: float) -> str:
         text = str(exc).lower()
         if exc.rank != 0 or not ("timeout" in text or "timed out" in text):
             raise AssertionError(f"uneven: {str(exc).splitlines()[0]}") from exc
-    return f"crash báo rank 1 sau {crash_s:.1f} s, số batch lệch dừng sau {time.perf_counter() - t0:.1f} s"
+    uneven_s = time.perf_counter() - t0
+    return (f"crash báo rank 1 sau {vi.number(crash_s, 1)} s, số batch lệch dừng sau "
+            f"{vi.number(uneven_s, 1)} s")
 
 
 def _resume(ws: int, backend: str, timeout: float) -> str:
@@ -186,9 +189,9 @@ def _labs_bc(ws: int, backend: str, timeout: float) -> str:
     ddp = next(r for r in rows if r.label == "DDP")
     higher = [r.label for r in rows if r is not ddp and ws >= 2 and r.peak >= ddp.peak]
     if higher:
-        raise AssertionError(f"đỉnh bộ nhớ không thấp hơn DDP ({ddp.peak} B): {higher}")
-    return (f"{len(rows)} cấu hình trên {ws} rank, giao tiếp = công thức, mọi FSDP có đỉnh "
-            f"dưới DDP ({ddp.peak / 2**20:.2f} MiB)")
+        raise AssertionError(f"bộ nhớ đỉnh không thấp hơn DDP ({vi.grouped(ddp.peak)} B): {higher}")
+    return (f"{len(rows)} cấu hình trên {ws} rank, giao tiếp = công thức, bộ nhớ đỉnh của mọi "
+            f"cấu hình FSDP thấp hơn DDP ({vi.number(ddp.peak / 2**20, 2)} MiB)")
 
 
 PAGES: dict[str, Callable[[int, str, float], str]] = {

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import vi
 from ..checks import int_at_least, non_negative, one_of
 from ..launch import INIT_BARRIER
 
@@ -159,8 +160,8 @@ def run_process(cmd, timeout: float = 120.0, env: dict | None = None,
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             _kill_tree(proc)
-            raise TimeoutError(f"Lệnh chạy quá {timeout:g} s và đã bị dừng (cùng mọi process "
-                               f"con): {display(cmd)}\n{_read(log)[-2000:]}") from None
+            raise TimeoutError(f"Lệnh chạy quá {vi.general(timeout)} s và đã bị dừng (cùng mọi "
+                               f"process con): {display(cmd)}\n{_read(log)[-2000:]}") from None
         return subprocess.CompletedProcess(cmd, proc.returncode, _read(log), None)
 
 
@@ -242,6 +243,6 @@ def _wait_all(procs: list[subprocess.Popen], timeout: float, logs) -> None:
                 _kill_tree(p)
             outputs = "\n".join(f"--- node {i} ---\n{_read(log)[-2000:]}"
                                 for i, log in enumerate(logs))
-            raise TimeoutError(f"torchrun chưa xong sau {timeout:g} s: đã dừng mọi agent và "
-                               f"worker.\n{outputs}")
+            raise TimeoutError(f"torchrun chưa xong sau {vi.general(timeout)} s: đã dừng mọi "
+                               f"agent và worker.\n{outputs}")
         time.sleep(0.1)

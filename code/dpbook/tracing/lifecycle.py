@@ -111,7 +111,7 @@ class Trace:
     @property
     def label(self) -> str:
         if not self.reshard_root:
-            return f"{self.strategy} (mặc định PyTorch: root không reshard)"
+            return f"{self.strategy} (mặc định PyTorch: root không chia mảnh lại)"
         return self.strategy
 
 
@@ -272,7 +272,7 @@ def assign_units(events, units, shard_size: int) -> tuple[TraceEvent, ...]:
             if not match:
                 raise ValueError(
                     f"Không gán được {e.collective} {e.nbytes} B (sự kiện {e.index}, lượt "
-                    f"{e.phase}) cho unit nào: kích thước các unit là {expected} B.")
+                    f"{e.phase}) cho đơn vị nào: kích thước các đơn vị là {expected} B.")
             done.add(match[0])
             e = replace(e, unit=match[0])
         out.append(e)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from .. import vi
+
 
 def live(build: Callable[..., "object"], **controls):
     """``build(**values)`` must return an object with ``to_html()`` (a ``Player`` or a figure
@@ -28,7 +30,7 @@ def live(build: Callable[..., "object"], **controls):
         except ValueError as err:  # a combination the model refuses: say why, keep the page
             status.value = f"<b>Không vẽ được:</b> {err}"
             return
-        status.value = f"Dựng lại trong {1e3 * (time.perf_counter() - t0):.0f} ms"
+        status.value = f"Dựng lại trong {vi.ms(time.perf_counter() - t0, 0)}"
         out.clear_output(wait=True)
         with out:
             display(HTML(html))

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
+from dpbook import vi
 from dpbook.labs.lab_a.common import BATCH_SIZE, LR, build_model, evaluate, make_dataset
 from dpbook.labs.lab_a.single_gpu import epoch_order
 
@@ -66,7 +67,7 @@ def main() -> None:
             final = evaluate(model.module, dataset)
             torch.save({"state": model.module.state_dict(), "loss": final},
                        os.path.join(args.out, "model.pt"))
-            print(f"đã lưu {args.out}/model.pt, loss cuối = {final:.6f}")
+            print(f"đã lưu {args.out}/model.pt, giá trị mất mát cuối = {vi.number(final, 6)}")
         dist.barrier()  # nobody leaves (or reads the file) before rank 0 has saved
     finally:
         dist.destroy_process_group()

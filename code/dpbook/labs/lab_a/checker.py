@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ... import torchrun
+from ... import torchrun, vi
 from ...checks import int_at_least
 from . import GIVEN
 from .common import NUM_SAMPLES, TRACE_ENV, build_model, read_traces
@@ -116,7 +116,7 @@ def reference(epochs: int = 3, timeout: float = 120.0) -> Reference:
         ckpt = torch.load(Path(out) / CKPT, map_location="cpu")
         return Reference(ckpt["state"], ckpt["loss"], proc.stdout, read_traces(trace).get(0, []))
     except subprocess.TimeoutExpired:
-        raise TimeoutError(f"Script gốc chưa xong sau {timeout:g} s.") from None
+        raise TimeoutError(f"Script gốc chưa xong sau {vi.general(timeout)} s.") from None
     finally:
         shutil.rmtree(out, ignore_errors=True), shutil.rmtree(trace, ignore_errors=True)
 
@@ -135,7 +135,7 @@ def check_log(output: str, epochs: int) -> Item:
     n = len(LOG_LINE.findall(output))
     detail = f"{n} dòng log 'epoch ...', mong đợi {epochs} (một dòng mỗi epoch)"
     if n < epochs:
-        hint = "rank 0 in đúng một dòng `epoch E: loss = ...` sau mỗi epoch, như script gốc."
+        hint = "rank 0 in đúng một dòng `epoch E: ...` sau mỗi epoch, như script gốc."
     else:
         hint = ("bọc print trong `if rank == 0:`; mọi rank chạy cùng một mã nên không kiểm tra "
                 "thì có N bản log.")
@@ -146,9 +146,10 @@ def check_checkpoint(path: Path) -> tuple[Item, dict | None, float | None]:
     """The checkpoint's item, and its weights and loss when they could be read."""
     title = "Checkpoint tồn tại, không có tiền tố `module.`, nạp được vào mô hình thường"
     if not path.exists():
-        return Item("checkpoint", title, False, f"không thấy {path.name} trong --out",
-                    "rank 0 lưu torch.save({'state': ..., 'loss': ...}, os.path.join(args.out, "
-                    "'model.pt')) sau vòng huấn luyện."), None, None
+        hint = ("sau vòng huấn luyện, rank 0 lưu vào os.path.join(args.out, 'model.pt') một dict "
+                "có hai khóa như script gốc: trọng số và giá trị mất mát cuối.")
+        return Item("checkpoint", title, False, f"không thấy {path.name} trong --out", hint), \
+            None, None
     ckpt = torch.load(path, map_location="cpu")
     state, loss = ckpt.get("state"), ckpt.get("loss")
     prefixed = [k for k in state if k.startswith("module.")]
@@ -214,18 +215,19 @@ def check_weights(state: dict | None, ref: dict) -> tuple[Item, float | None]:
     if state.keys() != ref.keys():
         return Item("weights", title, False, "tên các tensor khác bản gốc", hint), None
     diff = max((state[k].double() - ref[k].double()).abs().max().item() for k in ref)
-    return Item("weights", title, diff <= TOL, f"sai khác lớn nhất {diff:.1e} (ngưỡng {TOL:.0e})",
-                hint), diff
+    detail = f"sai khác lớn nhất {vi.sci(diff, 1)} (ngưỡng {vi.sci(TOL, 0)})"
+    return Item("weights", title, diff <= TOL, detail, hint), diff
 
 
 def check_loss(loss: float | None, ref_loss: float) -> Item:
-    title = "Loss cuối khớp bản một process"
-    hint = ("loss lưu trong checkpoint là evaluate(model.module, dataset), tính trên rank 0 "
-            "sau khi huấn luyện xong.")
+    title = "Giá trị mất mát cuối khớp bản một process"
+    hint = ("giá trị mất mát lưu trong checkpoint là evaluate(model.module, dataset), tính "
+            "trên rank 0 sau khi huấn luyện xong.")
     if not isinstance(loss, float):
-        return Item("loss", title, False, f"checkpoint không có loss kiểu float ({loss!r})", hint)
+        return Item("loss", title, False,
+                    f"checkpoint không có giá trị mất mát kiểu float ({loss!r})", hint)
     ok = abs(loss - ref_loss) <= TOL * max(1.0, abs(ref_loss))
-    return Item("loss", title, ok, f"{loss:.9f} so với {ref_loss:.9f}", hint)
+    return Item("loss", title, ok, f"{vi.number(loss, 9)} so với {vi.number(ref_loss, 9)}", hint)
 
 
 def _run(script: Path, nproc: int, epochs: int, timeout: float, out: str, trace: str,

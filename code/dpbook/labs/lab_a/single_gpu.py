@@ -1,7 +1,8 @@
 """Bài A, script gốc: huấn luyện một MLP nhỏ trên MỘT thiết bị (một GPU, hoặc CPU).
 
 Chạy:  python single_gpu.py --out DIR [--epochs 3]
-Kết quả: DIR/model.pt chứa {"state": trọng số cuối, "loss": loss cuối trên toàn bộ dữ liệu}.
+Kết quả: DIR/model.pt chứa {"state": trọng số cuối,
+                             "loss": giá trị mất mát cuối trên toàn bộ dữ liệu}.
 """
 
 import argparse
@@ -10,6 +11,7 @@ import os
 import torch
 from torch.utils.data import DataLoader
 
+from dpbook import vi
 from dpbook.labs.lab_a.common import BATCH_SIZE, LR, SEED, build_model, evaluate, make_dataset
 
 
@@ -47,7 +49,7 @@ def main() -> None:
     final = evaluate(model, dataset)
     torch.save({"state": model.state_dict(), "loss": final},
                os.path.join(args.out, "model.pt"))
-    print(f"đã lưu {args.out}/model.pt, loss cuối = {final:.6f}")
+    print(f"đã lưu {args.out}/model.pt, giá trị mất mát cuối = {vi.number(final, 6)}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
+from dpbook import vi
 from dpbook.labs.lab_a.common import BATCH_SIZE, LR, SEED, build_model, evaluate, make_dataset
 
 
@@ -68,7 +69,7 @@ def main() -> None:
             final = evaluate(model.module, dataset)
             torch.save({"state": model.module.state_dict(), "loss": final},
                        os.path.join(args.out, "model.pt"))
-            print(f"đã lưu {args.out}/model.pt, loss cuối = {final:.6f}")
+            print(f"đã lưu {args.out}/model.pt, giá trị mất mát cuối = {vi.number(final, 6)}")
         dist.barrier()  # nobody leaves (or reads the file) before rank 0 has saved
     finally:
         dist.destroy_process_group()

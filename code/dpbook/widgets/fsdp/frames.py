@@ -216,7 +216,7 @@ def kb(b: float) -> str:
 def _why_kept(trace: Trace) -> str:
     if trace.strategy == "SHARD_GRAD_OP":
         return "reshard_after_forward=False"
-    return "root: reshard_after_forward=None, mặc định của PyTorch, không reshard root"
+    return "reshard_after_forward=None, mặc định của PyTorch: root không chia mảnh lại"
 
 
 def _event_sentence(trace: Trace, e: TraceEvent, state, freed) -> str:
@@ -225,9 +225,9 @@ def _event_sentence(trace: Trace, e: TraceEvent, state, freed) -> str:
     if e.kind == "step_begin":
         if s == 1:
             return ("Trạng thái nghỉ (NO_SHARD): mỗi rank giữ bản sao đầy đủ tham số và trạng thái "
-                    f"Adam của mọi unit: {fmt_bytes(state[0].memory.total)}.")
+                    f"Adam của mọi đơn vị: {fmt_bytes(state[0].memory.total)}.")
         return (f"Trạng thái nghỉ: mỗi rank chỉ giữ shard của mình, 1/{s} tham số và 1/{s} trạng "
-                f"thái Adam của mỗi unit: {fmt_bytes(state[0].memory.total)}.")
+                f"thái Adam của mỗi đơn vị: {fmt_bytes(state[0].memory.total)}.")
     if e.kind == "collective":
         return _collective_sentence(trace, e, name, state, freed)
     if e.kind == "forward_compute":
@@ -258,11 +258,12 @@ def _collective_sentence(trace: Trace, e: TraceEvent, name: str, state, freed) -
     s, b = trace.shard_size, fmt_bytes(e.nbytes)
     if e.collective == "all_gather":
         text = (f"AllGather {name} ({b}): mỗi rank góp shard {fmt_bytes(e.nbytes / s)} của mình và "
-                "nhận các shard còn lại, đủ tham số của unit.")
+                "nhận các shard còn lại, đủ tham số của đơn vị.")
         if e.phase == "backward":
             text = f"Lượt ngược cần lại tham số đã giải phóng: {text}"
             if any(v.params == "full" for j, v in enumerate(state[0].units) if j != e.unit):
-                text += " FSDP2 gom trước (prefetch) khi unit trước nó còn giữ tham số để tính."
+                text += (" FSDP2 gom trước (prefetch) khi đơn vị trước nó còn giữ tham số để "
+                         "tính.")
         elif e.unit == len(trace.units) - 1:
             text += " Root được gom trước mọi block: pre-forward của root chạy đầu tiên."
         return text
@@ -272,7 +273,7 @@ def _collective_sentence(trace: Trace, e: TraceEvent, name: str, state, freed) -
                 + (" và tham số đầy đủ" if e.unit in freed else "") + " được giải phóng.")
     if s == 1:
         return (f"AllReduce gradient {name} ({b}): mọi rank nhận tổng đầy đủ, như DDP nhưng theo "
-                "từng unit.")
+                "từng đơn vị.")
     return (f"AllReduce shard gradient {name} ({b}) giữa {e.group_size} bản sao: các rank giữ cùng "
             "shard ở các nhóm khác nhau cộng gradient với nhau.")
 

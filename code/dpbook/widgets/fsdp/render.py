@@ -23,7 +23,7 @@ _ACTIVITY = {  # label, colour of the cell's border
 }
 _MEMORY = (("params", "tham số (shard)", "blue"), ("optimizer", "Adam", "grey"),
            ("grads", "gradient (shard)", "vermillion"), ("gathered", "tham số gom về", "yellow"),
-           ("unreduced", "gradient chưa reduce", "purple"))
+           ("unreduced", "gradient chưa rút gọn", "purple"))
 _GRID_X0, _GRID_X1, _MEM_X0, _MEM_X1 = 140.0, 700.0, 725.0, 990.0
 _TOP, _ROW_H = 160.0, 72.0
 
@@ -148,7 +148,7 @@ def _cell(svg: Svg, trace: Trace, v: UnitView, own: int, x: float, y0: float, w:
 
 def _idle_label(v: UnitView, s: int) -> str:
     if v.grad == "full":
-        return "chờ reduce"
+        return "chờ rút gọn"
     if v.params == "shard":
         return f"shard 1/{s}"
     return "bản sao" if s == 1 else "đầy đủ"
@@ -200,9 +200,9 @@ def _legend(svg: Svg, trace: Trace, y: float) -> None:
         [(box(rank_colour(0)), "bản sao tham số")]
     if s > 1:
         shards.append((lambda x, y: _dashed(svg, x, y, 20, 14), "không có trên rank"))
-    grads = [(box(PALETTE["purple"], 9, 3), "gradient đầy đủ, chưa reduce"),
+    grads = [(box(PALETTE["purple"], 9, 3), "gradient đầy đủ, chưa rút gọn"),
              (box(PALETTE["vermillion"], 9, 3),
-              "gradient đã reduce (phần của rank)" if s > 1 else "gradient đã AllReduce")]
+              "gradient đã rút gọn (phần của rank)" if s > 1 else "gradient sau AllReduce")]
     _legend_items(svg, 12, y, shards + grads[:1])
     _legend_items(svg, 12, y + 24, grads[1:] + [(dash("6 4"), "bộ nhớ lúc nghỉ"),
                                                 (dash("2 3"), "đỉnh")])
