@@ -2,8 +2,9 @@
 reducer launches their AllReduces. Pure functions; the animation is ``dpbook.widgets.ddp_buckets``,
 a real run is recorded by ``dpbook.tracing.ddp_run``.
 
-What PyTorch does (read in ``torch/nn/parallel/distributed.py`` of torch 2.13 and checked against
-real runs in ``tests/test_widgets_buckets.py``):
+What PyTorch does (read in ``torch/nn/parallel/distributed.py`` of torch 2.13 and in the C++
+reducer, ``torch/csrc/distributed/c10d/reducer.cpp``; checked against real runs in
+``tests/widgets/test_ddp_buckets.py``):
 
 * DDP's parameter list: ``named_modules()`` in order, each module's own parameters that require
   a gradient, shared parameters once (``_build_params_for_reducer``).
@@ -12,11 +13,19 @@ real runs in ``tests/test_widgets_buckets.py``):
   an explicit ``bucket_cap_mb`` makes the first cap equal to it. There is no
   ``first_bucket_cap_mb`` argument; ``bucket_cap_mb_list=[first, cap]`` (new in 2.x) sets both.
   MB here means MiB: ``int(cap_mb * 1024 * 1024)`` bytes.
-* First iteration: with the defaults (``find_unused_parameters=False``) every parameter sits in
-  ONE bucket. During that backward the reducer records the order in which gradients become
-  ready, and afterwards rebuilds the buckets with ``_compute_bucket_assignment_by_size`` on that
-  order with the limits ``[first cap, cap]``. For a layer stack the order is close to the reverse
-  of registration, but not equal to it (LayerNorm's weight is ready before its bias).
+* First iteration (``_BucketCapacityConfig.compute_bucket_size_limits`` and
+  ``_ddp_init_helper``): with ``static_graph=True`` or ``find_unused_parameters=False`` (the
+  default) every parameter sits in ONE bucket, unless ``bucket_cap_mb_list`` is given; otherwise
+  DDP packs in *registration* order with the limits ``[first cap, cap]`` and hands the reducer
+  the list of buckets reversed, so the small first cap lands on the parameters defined first,
+  i.e. on the LAST bucket reduced (``initial_buckets``).
+* Rebuild (``Reducer::rebuild_buckets``, called at the start of a forward): only while
+  ``should_rebuild_buckets()`` holds, ``(static_graph_ || !find_unused_parameters_) &&
+  !has_rebuilt_bucket_``, so never with ``find_unused_parameters=True`` alone. It packs in the
+  order in which the gradients became ready, with ``[first cap, cap]`` (or the given list): the
+  small cap lands on B0, the gradients ready FIRST. With ``DDP_SET_LAST_BUCKET_CAP=1`` in the
+  environment it packs the reversed order and reverses the result: the small cap lands on the
+  last bucket (``assign_buckets(..., last_small=True)``). ``rebuild_step`` says in which step.
 * The packing (``compute_bucket_assignment_by_size`` in ``reducer.cpp``): one open bucket per
   (dtype, device); add the tensor, and close the bucket as soon as its size is >= the current
   limit, so the tensor that crosses the cap stays in it; each (dtype, device) then moves to the
@@ -27,6 +36,7 @@ real runs in ``tests/test_widgets_buckets.py``):
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -131,10 +141,15 @@ def cap_limits(bucket_cap_mb: float | None = None,
 
 
 def assign_buckets(params: Sequence[Param], limits: Sequence[int],
-                   order: Sequence[int] | None = None) -> list[Bucket]:
+                   order: Sequence[int] | None = None, *,
+                   last_small: bool = False) -> list[Bucket]:
     """PyTorch's ``compute_bucket_assignment_by_size``: walk ``order`` (default: reverse
     registration, the order DDP assumes for a plain stack of layers), one open bucket per
     (dtype, device), closed once its bytes reach the current limit, then the next limit.
+
+    ``last_small=True`` is the rebuild under ``DDP_SET_LAST_BUCKET_CAP=1``: walk ``order``
+    backwards, then reverse the list of buckets, so the first limit (the small one) goes to the
+    bucket whose gradients are ready last.
 
     Buckets come out in closing order, then the still-open ones, one per (dtype, device) in the
     order those first appeared; PyTorch orders such leftovers through a hash map, i.e. in no
@@ -142,9 +157,14 @@ def assign_buckets(params: Sequence[Param], limits: Sequence[int],
     """
     if not limits or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in limits):
         raise ValueError(f"limits phải là danh sách số byte nguyên dương, nhận được {limits!r}.")
+    if not isinstance(last_small, bool):
+        raise ValueError(f"last_small phải là True hoặc False, nhận được {last_small!r}.")
     order = list(range(len(params)))[::-1] if order is None else list(order)
     if sorted(order) != list(range(len(params))):
         raise ValueError("order phải là một hoán vị của các chỉ số tham số 0..n-1.")
+    if last_small:
+        packed = assign_buckets(params, limits, order[::-1])[::-1]
+        return [Bucket(k, b.params, b.nbytes, b.limit) for k, b in enumerate(packed)]
     closed: list[tuple[list[int], int]] = []
     open_: dict[tuple, list] = {}  # key -> [indices, bytes, limit position]
     for i in order:
@@ -170,3 +190,78 @@ def ddp_kwargs(bucket_cap_mb: float | None, first_bucket_cap_mb: float | None) -
         cap = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
         return {"bucket_cap_mb_list": [first_bucket_cap_mb, cap]}
     return {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+
+
+@dataclass(frozen=True)
+class DdpSetting:
+    """The DDP arguments (and the one environment variable) that decide where the buckets fall:
+    the caps of ``cap_limits``, ``find_unused_parameters``, ``static_graph``, and
+    ``last_bucket_cap`` for ``DDP_SET_LAST_BUCKET_CAP=1`` in the ranks' environment."""
+
+    bucket_cap_mb: float | None = None
+    first_bucket_cap_mb: float | None = None
+    find_unused_parameters: bool = False
+    static_graph: bool = False
+    last_bucket_cap: bool = False
+
+    def __post_init__(self):
+        cap_limits(self.bucket_cap_mb, self.first_bucket_cap_mb)  # checks the caps
+        for name in ("find_unused_parameters", "static_graph", "last_bucket_cap"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} phải là True hoặc False, nhận được "
+                                 f"{getattr(self, name)!r}.")
+
+    @property
+    def limits(self) -> list[int]:
+        return cap_limits(self.bucket_cap_mb, self.first_bucket_cap_mb)
+
+    def kwargs(self) -> dict:
+        """Keyword arguments for ``DistributedDataParallel`` (the defaults left out)."""
+        out = ddp_kwargs(self.bucket_cap_mb, self.first_bucket_cap_mb)
+        for name in ("find_unused_parameters", "static_graph"):
+            if getattr(self, name):
+                out[name] = True
+        return out
+
+    def call(self) -> str:
+        """How the reader writes it: ``DDP(model, ...)``, with the environment variable."""
+        text = "DDP(model" + "".join(f", {k}={v}" for k, v in self.kwargs().items()) + ")"
+        return ("DDP_SET_LAST_BUCKET_CAP=1, " + text) if self.last_bucket_cap else text
+
+
+def initial_buckets(params: Sequence[Param], setting: DdpSetting) -> list[Bucket]:
+    """The buckets of DDP's first iteration (``_ddp_init_helper``): one bucket when
+    ``compute_bucket_size_limits`` gives ``[sys.maxsize]`` (``static_graph=True``, or
+    ``find_unused_parameters=False``, without ``bucket_cap_mb_list``); otherwise packed in
+    registration order and handed to the reducer reversed."""
+    limits = setting.limits
+    if setting.first_bucket_cap_mb is None:
+        if setting.static_graph or not setting.find_unused_parameters:
+            limits = [sys.maxsize]  # never reached: one bucket
+        elif limits[0] >= limits[1]:
+            limits = limits[1:]
+    packed = assign_buckets(params, limits, range(len(params)))[::-1]
+    return [Bucket(k, b.params, b.nbytes, b.limit) for k, b in enumerate(packed)]
+
+
+def rebuild_step(setting: DdpSetting) -> int | None:
+    """The training step (1-based) at whose forward DDP rebuilds its buckets, or ``None``.
+
+    ``should_rebuild_buckets()`` is false with ``find_unused_parameters=True`` alone: never.
+    Otherwise the reducer records the order of the gradients in one backward and rebuilds at the
+    next forward: step 2; with ``static_graph=True`` the first backward only counts the
+    gradient hooks (``static_graph_first_iteration``), so the order is recorded in step 2 and
+    the rebuild comes at step 3. Checked against real runs (``tracing.ddp_run.rebuild_runs``).
+    """
+    if setting.find_unused_parameters and not setting.static_graph:
+        return None
+    return 3 if setting.static_graph else 2
+
+
+def rebuilt_buckets(params: Sequence[Param], setting: DdpSetting,
+                    order: Sequence[int]) -> list[Bucket]:
+    """The buckets DDP uses from ``rebuild_step(setting)`` on, given the order in which the
+    gradients became ready (``ready_order``); the first-iteration ones if it never rebuilds."""
+    if rebuild_step(setting) is None:
+        return initial_buckets(params, setting)
+    return assign_buckets(params, setting.limits, order, last_small=setting.last_bucket_cap)

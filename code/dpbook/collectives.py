@@ -8,6 +8,9 @@ and the trace; nothing here starts a process.
 As FSDP does, a tensor whose length does not divide by N is padded with zeros up to the next
 multiple of N and split into N equal chunks; the padding is removed from the outputs. Every
 rank therefore sends exactly ``(N-1)/N`` of the padded size per phase.
+
+For comparison: ``naive_all_reduce`` (everything through rank 0) and ``switch_all_reduce`` (the
+sum computed in the network switch, as NVLink SHARP and InfiniBand SHARP do).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 class Event:
     """One message: in ``step`` of ``phase``, ``src`` sends chunk ``chunk`` to ``dst``."""
 
-    phase: str  # "reduce-scatter" or "all-gather"
+    phase: str  # "reduce-scatter", "all-gather"; "gather"/"broadcast", "to-switch"/"from-switch"
     step: int  # 0-based within the phase
     src: int
     dst: int
@@ -170,4 +173,26 @@ def naive_all_reduce(tensors: list[torch.Tensor]) -> Result:
         total += tensors[r]
         events.append(Event("gather", 0, r, 0, 0, nbytes))
     events += [Event("broadcast", 0, 0, r, 0, nbytes) for r in range(1, n)]
+    return Result([total.clone() for _ in range(n)], events, n, numel)
+
+
+SWITCH = -1  # the ``src``/``dst`` of a message to or from the switch in ``switch_all_reduce``
+
+
+def switch_all_reduce(tensors: list[torch.Tensor]) -> Result:
+    """AllReduce with the reduction done in the network, the shape of NVLink SHARP (NCCL's NVLS
+    algorithms) or InfiniBand SHARP (NCCL's CollNet): every rank sends its whole buffer once to
+    the switch (``SWITCH``), the switch adds them and sends the sum once to every rank.
+
+    A model of the bytes each GPU moves (n out, n in), not of NCCL's kernels, which split the
+    buffer into chunks and pipeline them. The ring's lower bound 2(N-1)/N n does not apply: it
+    counts the gathering and the spreading that the GPUs do themselves, and here the switch does
+    them.
+    """
+    _validate(tensors)
+    n, numel = len(tensors), tensors[0].numel()
+    nbytes = numel * tensors[0].element_size()
+    total = torch.stack([t for t in tensors]).sum(0)
+    events = [Event("to-switch", 0, r, SWITCH, 0, nbytes) for r in range(n)]
+    events += [Event("from-switch", 0, SWITCH, r, 0, nbytes) for r in range(n)]
     return Result([total.clone() for _ in range(n)], events, n, numel)

@@ -103,13 +103,20 @@ def _serialise(buckets: Sequence[Bucket], ready: Sequence[float], world_size: in
 def alpha_beta_timeline(params: Sequence[Param], limits: Sequence[int],
                         order: Sequence[int] | None = None, *, world_size: int = DEFAULT_WORLD_SIZE,
                         alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWIDTH,
-                        batch: int = DEFAULT_BATCH, flops: float = DEFAULT_FLOPS) -> Timeline:
+                        batch: int = DEFAULT_BATCH, flops: float = DEFAULT_FLOPS,
+                        last_small: bool = False) -> Timeline:
     """Backward layer after layer (each layer's gradients ready at its end), buckets from
-    ``assign_buckets``, AllReduces timed by ``costs.alpha_beta_time`` and serialised."""
+    ``assign_buckets`` (``last_small``: as DDP rebuilds them under
+    ``DDP_SET_LAST_BUCKET_CAP=1``), AllReduces timed by ``costs.alpha_beta_time`` and
+    serialised.
+
+    The model assumes perfect overlap: an AllReduce running beside the backward does not slow
+    it down. On a GPU, NCCL's kernels take SMs and memory bandwidth from the compute kernels
+    they overlap; the model leaves that out."""
     int_at_least("world_size", world_size, 2)
     non_negative("alpha", alpha)
     order = list(range(len(params)))[::-1] if order is None else list(order)
-    buckets = assign_buckets(params, limits, order)
+    buckets = assign_buckets(params, limits, order, last_small=last_small)
     layers, ready, t = [], [0.0] * len(params), 0.0
     for name, dt, ix in layer_times(params, order, batch, flops):
         layers.append(LayerSpan(name, t, t + dt, ix))

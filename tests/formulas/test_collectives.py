@@ -73,3 +73,19 @@ def test_naive_scheme_loads_rank_zero():
 def test_bad_inputs_are_refused(bad):
     with pytest.raises(ValueError):
         collectives.all_reduce(bad)
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_switch_all_reduce_sends_the_buffer_once(n):
+    xs = _inputs(n, 12)
+    res = collectives.switch_all_reduce(xs)
+    total = torch.stack(xs).sum(0)
+    assert all(torch.equal(o, total) for o in res.outputs)
+    assert all(res.bytes_sent(r) == res.bytes_received(r) == 48 for r in range(n))
+    assert res.bytes_received(collectives.SWITCH) == res.bytes_sent(collectives.SWITCH) == n * 48
+    # below the ring's bound for N > 2: the switch does the gathering and the spreading
+    ring = costs.ring_bytes("all_reduce", 48, n)
+    assert res.bytes_sent(0) / ring == pytest.approx(n / (2 * (n - 1)))
+    assert (res.bytes_sent(0) < ring) == (n > 2)
+    with pytest.raises(ValueError):
+        collectives.switch_all_reduce([torch.ones(2), torch.ones(3)])

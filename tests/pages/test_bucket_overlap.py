@@ -147,3 +147,13 @@ def test_the_pages_accumulation_run_matches_its_parts():
     # the float64 model's default buckets: what DDP reduced in the last micro-batch
     last = run.ranks[0]["runs"]["no_sync"]["records"][-1]
     assert [r.nbytes for r in last] == [b.nbytes for b in run.default_buckets]
+
+
+def test_report_texts_are_vietnamese_numbers():
+    params, order = ddp_buckets.demo_params()
+    tl = overlap.alpha_beta_timeline(params, buckets.cap_limits(0.1, 0.02), order)
+    text = bucket_overlap.timeline_text("x", tl)
+    assert "66\u202f560" in text and "0,17 ms" in text and "1,60 ms" in text and "0,21 ms" in text
+    layout = bucket_overlap.layout_text(params, [b.params for b in tl.buckets])
+    assert layout.startswith("B0 head 65,0 KiB | B1 b2.fc2")
+    assert layout.count("|") == len(tl.buckets) - 1

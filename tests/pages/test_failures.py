@@ -1,4 +1,4 @@
-"""Section 4.2.5 (common failures): ``dpbook.pages.failures`` and ``dpbook.pages.failures``."""
+"""Section 4.2.5 (common failures): ``dpbook.pages.failures``."""
 
 import pytest
 import torch
@@ -45,12 +45,16 @@ def test_gpu_checkpoint_needs_map_location_on_cpu(tmp_path):
 def test_scenarios_unused_parameters_and_batchnorm():
     runs = [("lỗi", failures.unused_parameters, {}),
             ("sửa", failures.unused_parameters, {"find_unused_parameters": True}),
+            ("tĩnh", failures.unused_parameters,
+             {"find_unused_parameters": True, "static_graph": True}),
             ("bn", failures.batchnorm_drift, {"steps": 5})]
     results = launch.spawn(failures.scenarios, runs, world_size=2, backend="gloo",
                            timeout=120, output="none")
     for r in results:
         assert "Expected to have finished reduction" in r["lỗi"]["error"][1]
         assert len(r["sửa"]["result"]["losses"]) == 3 and not r["sửa"]["result"]["aux_grad"]
+        # find_unused_parameters=True alone never rebuilds the buckets; with static_graph: step 3
+        assert r["sửa"]["result"]["rebuilt_at"] is None and r["tĩnh"]["result"]["rebuilt_at"] == 3
     a, b = (r["sửa"]["result"]["state"] for r in results)
     assert all(torch.equal(a[k], b[k]) for k in a)  # replicas still identical
     bn = [r["bn"]["result"] for r in results]

@@ -347,3 +347,111 @@ def test_measured_trace_is_consistent(recorded):
         assert [s.end for s in tl.layers] == sorted(s.end for s in tl.layers)
         for f in ddp_buckets.build_frames(tl):
             assert "ĐO trên máy này" in _texts(render.render_frame(f))
+
+
+# ------------------------------------------------------------- where the small cap lands
+
+
+def test_last_small_packs_from_the_end_and_reverses():
+    params = _p(10, 10, 10, 10, 10)  # 40 bytes each
+    first_small = buckets.assign_buckets(params, [40, 100], range(5))
+    last_small = buckets.assign_buckets(params, [40, 100], range(5), last_small=True)
+    assert [b.params for b in first_small] == [(0,), (1, 2, 3), (4,)]
+    assert [b.params for b in last_small] == [(0,), (3, 2, 1), (4,)]
+    # the reducer's rule: walk the ready order backwards, then reverse the list of buckets
+    back = buckets.assign_buckets(params, [40, 100], [4, 3, 2, 1, 0])
+    assert [b.params for b in last_small] == [b.params for b in reversed(back)]
+    assert last_small[-1].limit == 40 and last_small[-1].params == (4,)
+    assert [b.index for b in last_small] == list(range(len(last_small)))
+    with pytest.raises(ValueError, match="last_small"):
+        buckets.assign_buckets(params, [40], last_small=1)
+
+
+def test_last_small_matches_torch_on_the_reversed_order():
+    params, order = ddp_buckets.demo_params()
+    limits = buckets.cap_limits(0.1, 0.02)
+    ours = buckets.assign_buckets(params, limits, order, last_small=True)
+    theirs = _torch_assignment(params, limits, list(reversed(order)))
+    assert [b.params for b in ours] == [tuple(b) for b in reversed(theirs[0])]
+
+
+def test_ddp_setting_checks_and_kwargs():
+    s = buckets.DdpSetting(0.1, 0.02, find_unused_parameters=True, static_graph=True)
+    assert s.kwargs() == {"bucket_cap_mb_list": [0.02, 0.1], "find_unused_parameters": True,
+                          "static_graph": True}
+    assert buckets.DdpSetting().kwargs() == {} and buckets.DdpSetting().limits == [MIB, 25 * MIB]
+    assert buckets.DdpSetting(0.1, last_bucket_cap=True).call() == (
+        "DDP_SET_LAST_BUCKET_CAP=1, DDP(model, bucket_cap_mb=0.1)")
+    with pytest.raises(ValueError, match="static_graph"):
+        buckets.DdpSetting(static_graph="yes")
+    with pytest.raises(ValueError, match="bucket_cap_mb"):
+        buckets.DdpSetting(bucket_cap_mb=-1)
+
+
+def test_rebuild_step_follows_should_rebuild_buckets():
+    S = buckets.DdpSetting
+    assert buckets.rebuild_step(S()) == 2
+    assert buckets.rebuild_step(S(find_unused_parameters=True)) is None
+    assert buckets.rebuild_step(S(static_graph=True)) == 3
+    assert buckets.rebuild_step(S(find_unused_parameters=True, static_graph=True)) == 3
+
+
+def test_initial_buckets_follow_compute_bucket_size_limits():
+    params, order = ddp_buckets.demo_params()
+    S = buckets.DdpSetting
+    for setting in (S(), S(0.1), S(0.1, static_graph=True), S(0.1, find_unused_parameters=True),
+                    S(0.1, 0.02), S(None, find_unused_parameters=True)):
+        cfg = ddp_mod._BucketCapacityConfig.create(
+            bucket_cap_mb=setting.bucket_cap_mb, use_python_reducer=False,
+            bucket_cap_mb_list=None if setting.first_bucket_cap_mb is None
+            else [setting.first_bucket_cap_mb, setting.bucket_cap_mb])
+        limits, _ = cfg.compute_bucket_size_limits(setting.static_graph,
+                                                   setting.find_unused_parameters)
+        tensors = [torch.empty(p.numel) for p in params]
+        idx, _ = dist._compute_bucket_assignment_by_size(tensors, limits, [False] * len(params))
+        ours = buckets.initial_buckets(params, setting)
+        assert [b.params for b in ours] == [tuple(b) for b in reversed(idx)], setting
+    # the small cap of the registration-order packing lands on the last bucket
+    first = buckets.initial_buckets(params, S(0.1, 0.02))
+    assert first[-1].limit == buckets.cap_limits(0.1, 0.02)[0] and order[-1] in first[-1].params
+    # never rebuilt: the first-iteration layout for good
+    fu = S(0.1, 0.02, find_unused_parameters=True)
+    assert buckets.rebuilt_buckets(params, fu, order) == buckets.initial_buckets(params, fu)
+
+
+def test_alpha_beta_timeline_with_the_small_cap_last():
+    params, order = ddp_buckets.demo_params()
+    limits = buckets.cap_limits(0.1, 0.02)
+    first = overlap.alpha_beta_timeline(params, limits, order)
+    last = overlap.alpha_beta_timeline(params, limits, order, last_small=True)
+    assert first.buckets[0].limit == last.buckets[-1].limit == limits[0]
+    assert last.buckets[-1].nbytes < first.buckets[-1].nbytes
+    assert overlap.bucket_lower_bound(last) < overlap.bucket_lower_bound(first)
+    assert last.total > first.total  # the bucket before the last one is still on the link
+
+
+@pytest.mark.distributed
+def test_rebuild_runs_match_the_model():
+    params, order = ddp_buckets.demo_params()
+    S = buckets.DdpSetting
+    settings = (S(0.1, 0.02), S(0.1, 0.02, last_bucket_cap=True),
+                S(0.1, find_unused_parameters=True),
+                S(0.1, 0.02, static_graph=True), S(0.1))
+    runs = ddp_run.rebuild_runs(settings, steps=4, output="none")
+    assert [r.rebuilt_at for r in runs] == [2, 2, None, 3, 2]
+    for r in runs:
+        step = buckets.rebuild_step(r.setting)
+        initial = [b.params for b in buckets.initial_buckets(params, r.setting)]
+        assert r.rebuilt_at == step and r.ready_order == tuple(order)
+        assert all(list(x) == initial for x in r.steps[:(step or 5) - 1])
+        assert list(r.steps[-1]) == [b.params for b in
+                                     buckets.rebuilt_buckets(params, r.setting, order)]
+    import os
+    assert ddp_run.LAST_BUCKET_ENV not in os.environ  # the parent's environment is untouched
+
+
+def test_rebuild_worker_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="steps"):
+        ddp_run.rebuild_worker(0, 2, steps=0)
+    with pytest.raises(ValueError, match="DdpSetting"):
+        ddp_run.rebuild_worker(0, 2, settings=((0.1, None),))

@@ -1,6 +1,7 @@
 """Section 4.1.4 (buckets and overlap): the page's two figures, drawn from ``dpbook.overlap``
 (the cost of one AllReduce against its size, the step time against the bucket cap), GPT-2's
-parameter tensors for the size comparison, and the page's gradient-accumulation run.
+parameter tensors for the size comparison, the page's gradient-accumulation run, and the text
+of its reports (a timeline in one line, the bucket layouts of ``tracing.ddp_run.rebuild_runs``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..overlap import (DEFAULT_ALPHA, DEFAULT_BANDWIDTH, DEFAULT_WORLD_SIZE, cap
                        compare_strategies, half_size)
 from ..shapes import SHAPES, meta_model
 from ..style import MIB, PALETTE
+from .. import vi
 
 GPT2 = "gpt2-124m"
 
@@ -113,3 +115,38 @@ def cap_sweep_figure(params: Sequence[Param], order: Sequence[int], caps_mb: Seq
     ax.legend(fontsize=10, loc="lower left")
     fig.tight_layout()
     return fig
+
+
+def timeline_text(name: str, tl) -> str:
+    """A ``overlap.Timeline`` in three lines: its buckets, when the first AllReduce starts, when
+    the backward and the step end, and the tail left exposed after the backward."""
+    sizes = ", ".join(vi.number(b.nbytes, group=vi.NARROW_NBSP) for b in tl.buckets)
+    return (f"{name}\n  bucket (byte): {sizes}\n"
+            f"  AllReduce đầu tiên bắt đầu lúc {vi.ms(tl.comms[0].start)}; lan truyền ngược xong "
+            f"lúc {vi.ms(tl.compute_end)}; cả bước xong lúc {vi.ms(tl.total)} "
+            f"(đuôi lộ ra sau lan truyền ngược: {vi.ms(tl.total - tl.compute_end)})")
+
+
+def layout_text(params: Sequence[Param], layout: Sequence[Sequence[int]]) -> str:
+    """One bucket layout as a reader reads it: ``B0 head 65,0 KiB | B1 …``, each bucket with
+    the first and last layer it holds (in the order its tensors were packed)."""
+    parts = []
+    for k, ix in enumerate(layout):
+        layers = list(dict.fromkeys(params[i].layer for i in ix))
+        span = layers[0] if len(layers) == 1 else f"{layers[0]}…{layers[-1]}"
+        kib = sum(params[i].nbytes for i in ix) / 1024
+        parts.append(f"B{k} {span} {vi.number(kib, 1)} KiB")
+    return " | ".join(parts)
+
+
+def rebuild_report(runs, params: Sequence[Param]) -> str:
+    """The layouts of ``tracing.ddp_run.rebuild_runs`` in the first and the last step, and the
+    step whose forward rebuilt them."""
+    lines = []
+    for r in runs:
+        when = (f"dựng lại ở đầu bước {r.rebuilt_at}" if r.rebuilt_at is not None
+                else "không bao giờ dựng lại")
+        lines.append(f"{r.setting.call()}: {when}")
+        lines.append(f"  bước 1: {layout_text(params, r.steps[0])}")
+        lines.append(f"  bước {len(r.steps)}: {layout_text(params, r.steps[-1])}")
+    return "\n".join(lines)

@@ -189,24 +189,30 @@ class AuxHeadNet(nn.Module):
 
 def unused_parameters(rank: int, world_size: int, steps: int = 3, batch_size: int = 4,
                       **ddp_kwargs) -> dict:
-    """Rank function: train ``AuxHeadNet`` under DDP (``ddp_kwargs`` go to the wrapper, e.g.
+    """Rank function: train ``AuxHeadNet`` with DDP (``ddp_kwargs`` go to the wrapper, e.g.
     ``find_unused_parameters=True``); returns the losses, whether ``aux_head`` ever got a
-    gradient, and the final weights."""
+    gradient, the final weights, and ``rebuilt_at``: the step (1-based) whose forward rebuilt
+    DDP's buckets (``DistributedDataParallel._has_rebuilt_buckets`` turned true), ``None`` if
+    none did."""
     int_at_least("steps", steps)
     torch.manual_seed(0)  # same weights on every rank (DDP would broadcast them anyway)
     model = apply_ddp(AuxHeadNet(), **ddp_kwargs)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = synthetic_regression(steps * batch_size * world_size).tensors
-    dev, losses, aux_grad = device(), [], False
+    dev, losses, aux_grad, rebuilt_at = device(), [], False, None
     for step in range(steps):
         xb, yb = rank_batch((x, y), rank, batch_size, dev, start=step * world_size * batch_size)
-        loss = nn.functional.mse_loss(model(xb), yb)
+        out = model(xb)
+        if rebuilt_at is None and model._has_rebuilt_buckets:
+            rebuilt_at = step + 1
+        loss = nn.functional.mse_loss(out, yb)
         loss.backward()
         aux_grad |= model.module.aux_head.weight.grad is not None
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    return {"losses": losses, "aux_grad": aux_grad, "state": full_state_dict(model)}
+    return {"losses": losses, "aux_grad": aux_grad, "state": full_state_dict(model),
+            "rebuilt_at": rebuilt_at}
 
 
 # --------------------------------------------------------------------------------------------

@@ -4,10 +4,14 @@ when every gradient is ready and when each bucket's AllReduce is launched and fi
 
 The worker lives here, at module top level, so that the spawn start method can import it by
 name; ``measured_timeline`` turns its traces into a ``dpbook.overlap.Timeline``.
+``rebuild_runs`` records, step by step, which buckets DDP's reducer used under a few
+``buckets.DdpSetting``s (``find_unused_parameters``, ``static_graph``,
+``DDP_SET_LAST_BUCKET_CAP``), and the step whose forward rebuilt them.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -15,7 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..buckets import Bucket, Param, cap_limits, ddp_kwargs, ddp_named_params, model_params
+from ..buckets import (Bucket, DdpSetting, Param, cap_limits, ddp_kwargs, ddp_named_params,
+                       model_params)
 from ..launch import describe_mode, spawn
 from ..models import BUCKET_NET_D_IN, build_bucket_net
 from ..overlap import DEFAULT_BATCH, CommSpan, LayerSpan, Timeline, layer_times
@@ -56,6 +61,7 @@ class _Recorder:
         self.world_size, self.t0 = world_size, time.perf_counter()
         self.ready, self.order = [0.0] * n_params, []
         self.hook, self.done, self.buckets = {}, {}, {}
+        self.calls: list[tuple[int, ...]] = []  # bucket contents, in launch order
         self.index: dict[int, int] = {}  # id(parameter) -> index in DDP's list
 
     def now(self) -> float:
@@ -179,3 +185,86 @@ def measured_timeline(tr: DdpTrace) -> Timeline:
     return Timeline("measured", label, params, buckets, tuple(layers), comms, tr.ready_s,
                     t, tr.backward_s, tr.baseline_s, (limits[0], limits[1]),
                     tr.baseline_compute_s)
+
+
+LAST_BUCKET_ENV = "DDP_SET_LAST_BUCKET_CAP"  # read by the C++ reducer when it rebuilds
+
+
+@dataclass(frozen=True)
+class RebuildRun:
+    """One ``DdpSetting`` over a few training steps on one rank: the buckets the reducer used
+    in each step (parameter indices per ``bucket.index()``, in the order the comm hook saw them),
+    and the step whose forward rebuilt them (``DistributedDataParallel._has_rebuilt_buckets``
+    turned true), ``None`` if none did."""
+
+    setting: DdpSetting
+    steps: tuple[tuple[tuple[int, ...], ...], ...]
+    rebuilt_at: int | None
+    ready_order: tuple[int, ...]  # order of the gradients in step 1
+
+
+def _layout_hook(rec: _Recorder, bucket):
+    """DDP's default hook, noting each bucket's parameters in the order the reducer launches
+    them. (Not ``bucket.index()``: in the first step with ``static_graph=True`` the reducer
+    launches every bucket at the end of backward, and the index it reports is not the
+    bucket's.)"""
+    rec.calls.append(tuple(rec.index[id(p)] for p in bucket.parameters()))
+    buf = bucket.buffer().div_(rec.world_size)
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def _history(rank: int, world_size: int, setting: DdpSetting, steps: int, batch: int,
+             seed: int) -> RebuildRun:
+    before = os.environ.get(LAST_BUCKET_ENV)
+    if setting.last_bucket_cap:  # set before DDP is built; the reducer reads it when rebuilding
+        os.environ[LAST_BUCKET_ENV] = "1"
+    else:
+        os.environ.pop(LAST_BUCKET_ENV, None)
+    try:
+        model = build_bucket_net(seed)
+        ddp = nn.parallel.DistributedDataParallel(model, **setting.kwargs())
+        tensors = [p for *_, p in ddp_named_params(model)]
+        rec = _Recorder(len(tensors), world_size)
+        rec.index.update({id(p): i for i, p in enumerate(tensors)})
+        for p in tensors:
+            p.register_post_accumulate_grad_hook(rec.grad_ready)
+        ddp.register_comm_hook(rec, _layout_hook)
+        gen = torch.Generator().manual_seed(seed + rank)
+        layouts, rebuilt_at, ready = [], None, ()
+        for step in range(1, steps + 1):
+            out = ddp(torch.randn(batch, BUCKET_NET_D_IN, generator=gen))
+            if rebuilt_at is None and ddp._has_rebuilt_buckets:
+                rebuilt_at = step
+            rec.order, rec.calls = [], []
+            out.sum().backward()
+            layouts.append(tuple(rec.calls))
+            ready = tuple(rec.order) if step == 1 else ready
+            ddp.zero_grad(set_to_none=True)
+    finally:
+        if before is None:
+            os.environ.pop(LAST_BUCKET_ENV, None)
+        else:
+            os.environ[LAST_BUCKET_ENV] = before
+    return RebuildRun(setting, tuple(layouts), rebuilt_at, ready)
+
+
+def rebuild_worker(rank: int, world_size: int, settings=(DdpSetting(),), steps: int = 4,
+                   batch: int = 8, seed: int = 0) -> list[RebuildRun]:
+    """Rank function for ``launch.spawn``: ``_history`` of each setting, one after another."""
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"steps phải là số nguyên >= 1, nhận được {steps!r}.")
+    if not all(isinstance(s, DdpSetting) for s in settings):
+        raise ValueError("settings phải là các buckets.DdpSetting.")
+    return [_history(rank, world_size, s, steps, batch, seed) for s in settings]
+
+
+def rebuild_runs(settings, steps: int = 4, world_size: int = 2, **spawn_kwargs) -> list:
+    """Run ``rebuild_worker`` on ``world_size`` gloo ranks (one launch, about 3 s here); return
+    rank 0's ``RebuildRun``s, in the order of ``settings``, after checking that every rank saw
+    the same buckets (rank 0 broadcasts its layout when DDP rebuilds)."""
+    results = spawn(rebuild_worker, tuple(settings), steps, world_size=world_size,
+                    backend=BACKEND, **spawn_kwargs)
+    for other in results[1:]:
+        if [r.steps for r in other] != [r.steps for r in results[0]]:
+            raise RuntimeError("Các rank dùng bucket khác nhau: điều DDP không cho phép.")
+    return results[0]

@@ -84,10 +84,10 @@ def _counters(svg, f: RingFrame, x, y) -> None:
         svg.text(x + 50, yy + row * 0.3, f"r{r}", cls="t-small", anchor="end")
     yy = y + 25 + n * row
     svg.text(x, yy, "Ring, mỗi rank gửi tổng cộng", cls="t-small", anchor="start")
-    svg.text(x, yy + 22, f"2(N−1)/N · S = {vi.nbytes(ring_total)}", cls="t-small",
+    svg.text(x, yy + 22, f"2(N−1)/N · n = {vi.nbytes(ring_total)}", cls="t-small",
              anchor="start", weight="bold")
     svg.rect(x + 60, yy + 36, ring_total * scale, 14, fill=PALETTE["orange"])
     svg.text(x, yy + 72, "Ngây thơ (gom về rank 0 rồi gửi trả):", cls="t-small", anchor="start")
-    svg.text(x, yy + 94, f"rank 0 gửi (N−1) · S = {vi.nbytes(naive)}", cls="t-small",
+    svg.text(x, yy + 94, f"rank 0 gửi (N−1) · n = {vi.nbytes(naive)}", cls="t-small",
              anchor="start", weight="bold")
     svg.rect(x + 60, yy + 108, naive * scale, 14, fill=PALETTE["blue"])
