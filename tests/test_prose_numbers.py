@@ -97,7 +97,7 @@ def test_one_list_of_dataparallel_weaknesses(root, p1, chapter):
     # "lỗi chí mạng" only inside the quoted outline
     for text in (page, p1, chapter):
         for k in range(text.lower().count("lỗi chí mạng")):
-            assert '"Lỗi chí mạng: giới hạn Python GIL' in text
+            assert '“Lỗi chí mạng: giới hạn Python GIL' in text
 
 
 def test_chapter_intro_formulas(chapter):

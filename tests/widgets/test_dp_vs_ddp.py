@@ -150,7 +150,7 @@ def test_ddp_overlaps_allreduce_with_backward_and_dp_does_not():
 
 def test_only_gpu0_computes_loss_and_optimizer_step_on_dp():
     steps = dp_vs_ddp.iteration_steps(3)
-    for name in ("Tính loss", "Cập nhật tham số"):
+    for name in ("Tính hàm mất mát", "Cập nhật tham số"):
         s = _phase(steps, name)
         assert s.dp.state == ("compute", "idle", "idle") and s.ddp.state == ("compute",) * 3
     gather = _phase(steps, "Gom đầu ra")

@@ -56,7 +56,8 @@ def test_trace_log_keeps_commlog_behaviour_and_ignores_hooks_outside_it():
 
 
 def test_fmt_bytes():
-    assert fsdp.fmt_bytes(22304) == "22 304 B" and fsdp.fmt_bytes(528) == "528 B"
+    assert fsdp.fmt_bytes(22304) == "22\u202f304 B" and fsdp.fmt_bytes(528) == "528 B"
+    assert len(fsdp.fmt_bytes(1_234_567)) == len("1 234 567 B")  # one character per separator
 
 
 # ------------------------------------------------------------- recorded traces

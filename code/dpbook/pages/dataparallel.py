@@ -160,11 +160,11 @@ class DataParallelInfo:
         elif len(self.device_ids) == 1:
             mode = "một GPU: DataParallel chỉ chạy mô hình trên GPU đó, không sao chép"
         else:
-            mode = f"sao chép mô hình sang GPU {list(self.device_ids)} ở mỗi lượt forward"
+            mode = f"sao chép mô hình sang GPU {list(self.device_ids)} ở mỗi lượt truyền xuôi"
         return (f"device_ids = {list(self.device_ids)} ({mode}).\n"
                 f"dp.module là chính mô hình đã bọc: {self.same_module}; tham số nằm trên "
                 f"{self.param_device}, đầu ra trên {self.output_device}.\n"
-                f"Sai khác lớn nhất giữa dp(x) và model(x): {self.max_abs_diff:.3g}")
+                f"Sai khác lớn nhất giữa dp(x) và model(x): {vi.general(self.max_abs_diff, 3)}")
 
 
 def dataparallel_info(model: nn.Module, x: torch.Tensor) -> DataParallelInfo:

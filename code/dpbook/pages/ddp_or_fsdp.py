@@ -171,7 +171,8 @@ def recommend(job: Job) -> Recommendation:
         if hyb.fits:
             return Recommendation(job, "HYBRID_SHARD", (
                 f"{need}; chia trong một node ({s} GPU) còn {_gb(hyb.memory_bytes)} GB: chọn "
-                "FSDP HYBRID_SHARD (HSDP), giữa các node chỉ AllReduce shard gradient."), opts)
+                "FSDP HYBRID_SHARD (HSDP), giữa các node chỉ còn AllReduce trên các shard "
+                "gradient."), opts)
         if full.fits:
             return Recommendation(job, "FULL_SHARD", (
                 f"{need}; chia trong một node vẫn cần {_gb(hyb.memory_bytes)} GB; FULL_SHARD "
@@ -311,7 +312,8 @@ def decision_html(recs: list[Recommendation]) -> str:
         o = r.options.get(c)
         return "—" if o is None else _gb(o.memory_bytes) + ("" if o.fits else " ✗")
 
-    rows = [[r.job.name, f"{r.job.nodes} × {r.job.gpus_per_node} × {r.job.gpu_memory_gb:g} GB",
+    rows = [[r.job.name,
+             f"{r.job.nodes} × {r.job.gpus_per_node} × {vi.general(r.job.gpu_memory_gb)} GB",
              _gb(r.job.capacity_bytes)] + [mem(r, c) for c in CANDIDATES]
             + [_LABELS.get(r.choice, "không phương án nào vừa")] for r in recs]
     return _table(["Trường hợp", "node × GPU × VRAM", "dùng được (GB)"]
@@ -330,12 +332,12 @@ def memory_figure(job: Job, world_sizes=(1, 2, 4, 8, 16, 32, 64)):
     ax.plot(world_sizes, ys["DDP"], "o-", color=PALETTE["vermillion"], label="DDP")
     ax.plot(world_sizes, ys["FULL_SHARD"], "s-", color=PALETTE["blue"], label="FSDP FULL_SHARD")
     ax.axhline(job.gpu_memory_gb, color=PALETTE["black"], lw=1.5,
-               label=f"VRAM một GPU: {job.gpu_memory_gb:g} GB")
+               label=f"VRAM một GPU: {vi.general(job.gpu_memory_gb)} GB")
     ax.axhline(job.capacity_bytes / GB, color=PALETTE["grey"], ls="--",
-               label=f"dùng được (để trống {job.headroom:.0%})")
+               label=f"dùng được (để trống {vi.percent(job.headroom, 0)})")
     if job.activation_gb:
         ax.axhline(job.activation_gb, color=PALETTE["green"], ls=":",
-                   label=f"activation: {job.activation_gb:g} GB (không chia mảnh)")
+                   label=f"activation: {vi.general(job.activation_gb)} GB (không chia mảnh)")
     ax.set_ylim(bottom=0)
     ax.set_xscale("log", base=2)
     ax.set_xticks(world_sizes, [str(n) for n in world_sizes])

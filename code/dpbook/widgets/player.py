@@ -17,6 +17,7 @@ import html
 import uuid
 from dataclasses import dataclass
 
+from .. import vi
 from ..checks import int_at_least
 
 
@@ -123,8 +124,10 @@ class Player:
         caps = "".join(f'<span class="dpb-cap">{html.escape(f.caption)}</span>'
                        for f in self.frames)
         cls = "dpb-player dpb-present" if self.presentation else "dpb-player"
-        speeds = "".join(f'<option value="{v}"{" selected" if v == "1" else ""}>{v}×</option>'
-                         for v in ("0.5", "1", "2", "4"))
+        # the value is what the script parses (parseFloat: "0.5"); the label is what a reader
+        # sees ("0,5×")
+        speeds = "".join(f'<option value="{v}"{" selected" if v == 1 else ""}>'
+                         f'{vi.general(v)}×</option>' for v in (0.5, 1, 2, 4))
         return (
             f"<style>{_CSS}</style>"
             f'<div id="{self.id}" class="{cls}" tabindex="0" role="group" '

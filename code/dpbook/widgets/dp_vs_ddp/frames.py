@@ -212,14 +212,16 @@ def _loss_steps(dp: _Tally, ddp: _Tally, n: int, o: float) -> list[Step]:
         dp.side("Các GPU gửi đầu ra về GPU 0 (gather)", ["nhận"] + ["gửi"] * (n - 1),
                 ["comm"] * n, [Transfer(k, 0, o / n, "đầu ra") for k in range(1, n)]),
         ddp.side("Không cần: đầu ra ở lại GPU của mỗi process", ["—"] * n, ["idle"] * n),
-        "DP gom (gather) đầu ra của mọi GPU về GPU 0 để tính loss ở một chỗ. DDP không gom gì.")
+        "DP gom (gather) đầu ra của mọi GPU về GPU 0 để tính hàm mất mát ở một chỗ. DDP không "
+        "gom gì.")
     loss = Step(
-        "Tính loss",
-        dp.side("Chỉ GPU 0 tính loss trên cả batch; các GPU khác chờ",
+        "Tính hàm mất mát",
+        dp.side("Chỉ GPU 0 tính hàm mất mát trên cả batch; các GPU khác chờ",
                 ["loss"] + ["chờ"] * (n - 1), ["compute"] + ["idle"] * (n - 1)),
-        ddp.side("Mỗi process tính loss trên shard của mình", ["loss"] * n, ["compute"] * n),
-        "DP: loss của cả batch nằm trên GPU 0. DDP: mỗi process có loss của riêng nó; "
-        "phép cộng gradient ở bước sau làm kết quả giống như tính trên cả batch.")
+        ddp.side("Mỗi process tính hàm mất mát trên phần dữ liệu của mình", ["loss"] * n,
+                 ["compute"] * n),
+        "DP: giá trị mất mát của cả batch nằm trên GPU 0. DDP: mỗi process có giá trị mất mát "
+        "của riêng nó; phép cộng gradient ở bước sau làm kết quả giống như tính trên cả batch.")
     return [gather, loss]
 
 
@@ -242,8 +244,8 @@ def _backward_steps(dp: _Tally, ddp: _Tally, n: int, m: float, o: float, b: int)
             ddp.side(ddp_text, ["backward"] * n, ["compute"] * n, ar),
             ("DP: gradient của đầu ra đi ngược đường gather, từ GPU 0 về từng GPU. " if k == 0
              else "DP chưa gửi gradient nào. ")
-            + ("DDP: bucket nào đủ gradient thì được AllReduce ngay, trong khi backward tính "
-               "tiếp các tầng phía trước (overlap)." if b > 1 else
+            + ("DDP: bucket nào đủ gradient thì được cộng bằng AllReduce ngay, trong khi "
+               "backward tính tiếp các tầng phía trước (overlap)." if b > 1 else
                "DDP: chỉ một bucket, AllReduce phải chờ backward xong.")))
     steps.append(Step(
         "Cộng gradient",

@@ -203,9 +203,9 @@ def _lasting(views: list[RankView]) -> tuple:
 
 
 def fmt_bytes(b: float) -> str:
-    """``22304`` -> ``"22 304 B"``: a plain space groups thousands, since the renderer sizes
-    text by its characters."""
-    return vi.grouped(b, " ") + " B"
+    """``22304`` -> ``"22\u202f304 B"``: thousands grouped by the book's narrow no-break space,
+    one character, so the renderer's width estimate (by characters) still holds."""
+    return vi.grouped(b, vi.NARROW_NBSP) + " B"
 
 
 def kb(b: float) -> str:

@@ -26,9 +26,10 @@ from ...style import GB, GPUS_GB
 WORLD_SIZES = (1, 2, 4, 8, 16, 64)
 DEFAULT_STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
 # What each strategy shards, as the second line under its bar.
-NOTES = {"DDP": "không shard", "NO_SHARD": "không shard", "ZeRO-1": "shard bộ tối ưu",
-         "ZeRO-2": "+ shard gradient", "ZeRO-3": "shard tất cả", "FULL_SHARD": "shard tất cả",
-         "SHARD_GRAD_OP": "giữ tham số đủ", "HYBRID_SHARD": "shard trong nhóm"}
+NOTES = {"DDP": "không chia mảnh", "NO_SHARD": "không chia mảnh", "ZeRO-1": "chia bộ tối ưu",
+         "ZeRO-2": "+ chia gradient", "ZeRO-3": "chia mảnh tất cả",
+         "FULL_SHARD": "chia mảnh tất cả", "SHARD_GRAD_OP": "giữ tham số đủ",
+         "HYBRID_SHARD": "chia trong nhóm"}
 
 
 @dataclass(frozen=True)
