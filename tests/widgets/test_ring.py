@@ -41,7 +41,7 @@ def test_svg_is_valid_and_vietnamese():
         root = ET.fromstring(ring.render.render(f))
         assert root.tag.endswith("svg")
         text = " ".join(t.text or "" for t in root.iter() if t.tag.endswith("text"))
-        assert "Rank 4" in text and "Byte đã gửi" in text and "Ngây thơ" in text
+        assert "Rank 4" in text and "Byte đã gửi" in text and "Cách tập trung" in text
     assert "Xong" in ring.caption(ring.ring_frames(5)[-1])
 
 

@@ -71,16 +71,17 @@ def allreduce_cost_figure(world_size: int = DEFAULT_WORLD_SIZE, alpha: float = D
     ax.loglog(sizes, [t * 1e3 for t in total], color=PALETTE["black"], lw=2.5,
               label="tổng thời gian")
     ax.loglog(sizes, [lat * 1e3] * len(sizes), color=PALETTE["sky"], lw=2, ls="--",
-              label=f"độ trễ 2(N−1)α = {lat * 1e6:g} µs")
+              label=f"độ trễ 2(N−1)α = {vi.general(lat * 1e6)} µs")
     ax.loglog(sizes, [(t - lat) * 1e3 for t in total], color=PALETTE["orange"], lw=2, ls="--",
               label="truyền byte 2(N−1)/N · n/β")
     ax.axvline(n_half, color=PALETTE["vermillion"], lw=1.5)
-    ax.text(n_half * 1.4, lat * 1e3 / 30, f"n½ = Nαβ = {n_half / 1e3:g} kB",
+    ax.text(n_half * 1.4, lat * 1e3 / 30, f"n½ = Nαβ = {vi.general(n_half / 1e3)} kB",
             color=PALETTE["vermillion"], fontsize=11)
     ax.set_ylim(lat * 1e3 / 1e3, None)
     ax.set_xlabel("kích thước thông điệp n (byte)")
     ax.set_ylabel("thời gian một AllReduce (ms)")
-    ax.set_title(f"Mô hình alpha-beta (α = {alpha * 1e6:g} µs, β = {bandwidth / 1e9:g} GB/s, "
+    ax.set_title(f"Mô hình alpha-beta (α = {vi.general(alpha * 1e6)} µs, "
+                 f"β = {vi.general(bandwidth / 1e9)} GB/s, "
                  f"N = {world_size})", loc="left", fontsize=12)
     ax.legend(fontsize=10, loc="upper left")
     fig.tight_layout()

@@ -95,7 +95,8 @@ def ddp_lifecycle(rank: int, world_size: int, steps: int = 3, batch_size: int = 
         optimizer.zero_grad(set_to_none=True)
         step_records.append(log.records)
         if rank == 0:  # only rank 0 logs
-            print(f"bước {step}: loss cục bộ của rank 0 = {loss.item():.4f}")
+            print(f"bước {step}: giá trị mất mát cục bộ của rank 0 = "
+                  f"{vi.number(loss.item(), 4)}")
     if save_path is not None and rank == 0:  # only rank 0 saves, and the unwrapped model
         torch.save(_cpu_state(ddp.module), save_path)
     dist.barrier()  # no rank goes on (for instance, to load the file) before it is written

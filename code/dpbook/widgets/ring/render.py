@@ -26,7 +26,7 @@ def render(f: RingFrame) -> str:
             svg.rect(x + 2, y, box_w - 4, box_h, fill=fill, opacity=opacity,
                      stroke=PALETTE["vermillion"] if sending else "#333333",
                      cls="arrow" if sending else "stroke")
-            svg.text(x + box_w / 2, y + box_h / 2, f"{f.values[r][c]:g}",
+            svg.text(x + box_w / 2, y + box_h / 2, vi.general(f.values[r][c]),
                      cls="t-small" if n > 5 else "t")
     for e in f.sends:
         _draw_send(svg, e, x0, y0, box_w, box_h, row_h, n)
@@ -87,7 +87,8 @@ def _counters(svg, f: RingFrame, x, y) -> None:
     svg.text(x, yy + 22, f"2(N−1)/N · n = {vi.nbytes(ring_total)}", cls="t-small",
              anchor="start", weight="bold")
     svg.rect(x + 60, yy + 36, ring_total * scale, 14, fill=PALETTE["orange"])
-    svg.text(x, yy + 72, "Ngây thơ (gom về rank 0 rồi gửi trả):", cls="t-small", anchor="start")
+    svg.text(x, yy + 72, "Cách tập trung (gom về rank 0 rồi gửi trả):", cls="t-small",
+             anchor="start")
     svg.text(x, yy + 94, f"rank 0 gửi (N−1) · n = {vi.nbytes(naive)}", cls="t-small",
              anchor="start", weight="bold")
     svg.rect(x + 60, yy + 108, naive * scale, 14, fill=PALETTE["blue"])
