@@ -100,15 +100,22 @@ def _one_step(ddp, rec: _Recorder, x: torch.Tensor) -> float:
     return rec.now()
 
 
-def _trace_config(rank, world_size, cap, first, batch, warmup, repeats, seed) -> dict:
+def _recorded_ddp(seed: int, world_size: int, kwargs: dict, hook):
+    """BucketNet in DDP built with ``kwargs``, with a ``_Recorder`` that every parameter's
+    gradient-ready hook and DDP's comm hook ``hook`` report to."""
     model = build_bucket_net(seed)
-    ddp = nn.parallel.DistributedDataParallel(model, **ddp_kwargs(cap, first))
+    ddp = nn.parallel.DistributedDataParallel(model, **kwargs)
     tensors = [p for *_, p in ddp_named_params(model)]
     rec = _Recorder(len(tensors), world_size)
     rec.index.update({id(p): i for i, p in enumerate(tensors)})
     for p in tensors:
         p.register_post_accumulate_grad_hook(rec.grad_ready)
-    ddp.register_comm_hook(rec, _comm_hook)
+    ddp.register_comm_hook(rec, hook)
+    return ddp, rec
+
+
+def _trace_config(rank, world_size, cap, first, batch, warmup, repeats, seed) -> dict:
+    ddp, rec = _recorded_ddp(seed, world_size, ddp_kwargs(cap, first), _comm_hook)
     gen = torch.Generator().manual_seed(seed + rank)
     steps, first_order, first_buckets = [], None, None
     for it in range(warmup + repeats):
@@ -221,14 +228,7 @@ def _history(rank: int, world_size: int, setting: DdpSetting, steps: int, batch:
     else:
         os.environ.pop(LAST_BUCKET_ENV, None)
     try:
-        model = build_bucket_net(seed)
-        ddp = nn.parallel.DistributedDataParallel(model, **setting.kwargs())
-        tensors = [p for *_, p in ddp_named_params(model)]
-        rec = _Recorder(len(tensors), world_size)
-        rec.index.update({id(p): i for i, p in enumerate(tensors)})
-        for p in tensors:
-            p.register_post_accumulate_grad_hook(rec.grad_ready)
-        ddp.register_comm_hook(rec, _layout_hook)
+        ddp, rec = _recorded_ddp(seed, world_size, setting.kwargs(), _layout_hook)
         gen = torch.Generator().manual_seed(seed + rank)
         layouts, rebuilt_at, ready = [], None, ()
         for step in range(1, steps + 1):
