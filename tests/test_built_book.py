@@ -6,6 +6,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 
 import pytest
 import yaml
@@ -50,6 +51,44 @@ def test_pages_exist_with_real_outputs(html):
     assert "assert all(r[" not in env
     # formulas render from the book's own MathJax copy, not from a CDN
     assert "cdn.jsdelivr" not in env and (html / "_static/mathjax/tex-chtml.js").exists()
+
+
+class _Outputs(HTMLParser):
+    """The text of a built page's cell outputs (``div.cell_output``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.depth, self.parts = 0, []
+
+    def handle_starttag(self, tag, attrs):
+        classes = (dict(attrs).get("class") or "").split()
+        if self.depth or (tag == "div" and "cell_output" in classes):
+            self.depth += tag not in VOID
+
+    def handle_endtag(self, tag):
+        if self.depth and tag not in VOID:
+            self.depth -= 1
+
+    def handle_data(self, data):
+        if self.depth:
+            self.parts.append(data)
+
+
+VOID = {"br", "img", "hr", "meta", "link", "input", "source", "col", "wbr"}
+
+
+def test_printed_numbers_follow_the_rules(html):
+    """What the cells printed, as a reader sees it: no comma thousands, no decimal point before
+    a unit (``tests/test_style.py`` checks the code that prints; this checks the result)."""
+    from test_style import NUMBERS, _find
+
+    rules = [r for r in NUMBERS if r[0] in ("dấu phẩy hàng nghìn", "dấu chấm thập phân")]
+    found = []
+    for page in sorted(html.rglob("*.html")):
+        parser = _Outputs()
+        parser.feed(page.read_text(encoding="utf-8"))
+        found += _find(rules, [(page.relative_to(html).as_posix(), "".join(parser.parts))])
+    assert not found, f"{len(found)} con số in ra sai quy ước:\n" + "\n".join(found)
 
 
 NEEDS_CHROMIUM = pytest.mark.skipif(
