@@ -46,17 +46,36 @@ def test_predict_uses_ledger_and_costs():
     p, root, unit = 1000, 40, 300
     full = compare.predict(Parallel("fsdp1", strategy="FULL_SHARD"), p, 4, root, unit)
     assert full.rest == memory.vram_ledger(p, 4, "FULL_SHARD")
-    assert full.step.params == 4 * p / 4 + 4 * unit * 3 / 4
+    # in the step: the shard, plus the largest block and the root unit, both gathered in full
+    assert full.step.params == 4 * p / 4 + 4 * (unit + root) * 3 / 4
     assert full.volume == costs.fsdp_step_bytes(4 * p, 4, "FULL_SHARD", root_bytes=4 * root)
     # FSDP2 with reshard_after_forward=True reshards the root too: the textbook 3(N-1)/N Psi
     true = compare.predict(Parallel("fsdp2", reshard_after_forward=True), p, 4, root, unit)
     assert true.volume.total == 3 * 3 / 4 * 4 * p
-    hybrid = compare.predict(Parallel("fsdp1", strategy="HYBRID_SHARD", shard_size=2), p, 4, root)
+    # ... but it still holds the root during the step, as FSDP2's default does
+    default = compare.predict(Parallel("fsdp2"), p, 4, root, unit)
+    assert true.step == default.step == full.step
+    # SHARD_GRAD_OP holds every parameter in full, the root included: nothing to add
+    for par in (Parallel("fsdp1", strategy="SHARD_GRAD_OP"),
+                Parallel("fsdp2", reshard_after_forward=False)):
+        assert compare.predict(par, p, 4, root, unit).step.params == 4 * p
+    for par in (Parallel("ddp"), Parallel("fsdp1", strategy="NO_SHARD")):
+        assert compare.predict(par, p, 4, root, unit).step.params == 4 * p
+    hybrid = compare.predict(Parallel("fsdp1", strategy="HYBRID_SHARD", shard_size=2), p, 4, root,
+                             unit)
     assert hybrid.rest.state == 16 * p / 2
+    assert hybrid.step.params == 4 * p / 2 + 4 * (unit + root) / 2  # gathered inside S = 2
     assert hybrid.volume.all_reduce == costs.ring_bytes("all_reduce", 4 * p / 2, 2)
     assert compare.predict(Parallel("ddp"), p, 4).volume == costs.ddp_step_bytes(4 * p, 4)
     with pytest.raises(ValueError, match="world_size"):
         compare.predict(Parallel("ddp"), p, 0)
+    with pytest.raises(ValueError, match="root_unit_params"):  # the ledger checks the counts
+        compare.predict(Parallel("fsdp2"), p, 4, root_params=p, largest_unit=unit)
+
+
+def test_held_params_is_for_fsdp_only():
+    with pytest.raises(ValueError, match="par.method"):
+        compare.held_params(None, Parallel("ddp"))
 
 
 def test_lab_backend_on_this_machine():
@@ -91,5 +110,24 @@ def test_one_launch_measures_every_configuration():
     fig = compare.figure_strategies(list(rows.values()))
     assert [ax.get_title() for ax in fig.axes] == ["Bộ nhớ đỉnh", "Giao tiếp mỗi bước",
                                                    "Thời gian một bước (trung vị)"]
+    # During the step (``held_in_step``): the root unit is unsharded at both moments in every
+    # FSDP configuration, and at the last block's forward a rank holds exactly what the in-step
+    # ledger counts plus its own shard of the gathered units (FSDP keeps the shard beside the
+    # full copy; the ledger counts the (S-1)/S it gathers). The last block is the largest.
+    assert rows["DDP"].in_step == {}
+    for label, r in rows.items():
+        if label == "DDP":
+            continue
+        assert set(r.in_step) == set(compare.MOMENTS)
+        assert all(h.root == 4 * n.root_params for h in r.in_step.values()), label
+        strategy = r.predicted.strategy
+        s = 2 if strategy == "HYBRID_SHARD" else 4
+        gathered = {"NO_SHARD": 0, "SHARD_GRAD_OP": 4 * n.num_params}.get(
+            strategy, 4 * (n.largest_unit + n.root_params))
+        forward = r.in_step[compare.MOMENTS[0]].params
+        assert forward == r.predicted.step.params + gathered / s, label
+    step_text = compare.step_table(list(rows.values()))
+    assert "đủ" in step_text and "chia" not in step_text  # the root: unsharded in every row
+    assert len(step_text.splitlines()) == 2 + len(rows) - 1 + 1  # head, rule, FSDP rows, note
     with pytest.raises(ValueError, match="Không có kết quả"):
         compare.collect(results, (Parallel("fsdp2", reshard_after_forward=False),))

@@ -8,9 +8,11 @@ against the VRAM ledger and the communication formulas.
 * ``collect``: the per-rank results turned into one ``Row`` per configuration: state bytes, peak
   memory (largest over ranks), bytes per step per collective and per process group, median step
   time (slowest rank) and throughput = global batch / step time, next to ``predict``.
+* ``held_in_step``: rank function; the parameter bytes a rank holds at two moments of a step
+  (``MOMENTS``), and whether the root unit is unsharded then: what the in-step ledger predicts.
 * ``predict``: what ``memory.vram_ledger`` and ``costs`` say for the same configuration.
-* ``table``, ``comm_table``, ``figure_memory_throughput``, ``figure_strategies``: the pages'
-  tables and figures, with Vietnamese labels.
+* ``table``, ``comm_table``, ``step_table``, ``figure_memory_throughput``,
+  ``figure_strategies``: the pages' tables and figures, with Vietnamese labels.
 """
 
 from __future__ import annotations
@@ -91,9 +93,103 @@ def measure_configs(rank: int, world_size: int, parallels=LAB_B,
         out[par.label] = measure_step(rank, world_size, par, model_kwargs=wl.model_kwargs,
                                       batch_size=wl.batch_size, warmup=2, repeats=wl.repeats)
         gc.collect()  # FSDP holds reference cycles: free this model before the next one
+        out[par.label]["in_step"] = held_in_step(rank, world_size, par, wl)
+        gc.collect()
         if dev.type == "cuda":  # on a CPU rank, asking CUDA would open a context on GPU 0
             torch.cuda.empty_cache()
     return out
+
+
+@dataclass(frozen=True)
+class Held:
+    """Parameter bytes one rank holds at one moment of a step: its shards plus every full copy
+    that FSDP has gathered and not yet freed (``params``), and of those the root unit's full
+    copy (``root``; 0 while the root is sharded)."""
+
+    params: int
+    root: int
+
+
+# When ``held_in_step`` looks: the forward of the last block, the backward of the first block.
+MOMENTS = ("lượt xuôi, khối cuối", "lượt ngược, khối đầu")
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+def held_params(model, par: Parallel) -> Held:
+    """``Held`` for an FSDP-wrapped ``model`` now. FSDP keeps each rank's shard and gathers a
+    unit into a buffer of its own, freed on resharding (storage size 0): FSDP1's
+    ``FlatParameter._full_param_padded`` (``FlatParamHandle._free_unsharded_flat_param`` in
+    ``torch/distributed/fsdp/_flat_param.py``), FSDP2's ``FSDPParam.all_gather_outputs``
+    (``FSDPParam.free_unsharded_param`` in ``_fully_shard/_fsdp_param.py``), and, while a
+    prefetched AllGather waits to be copied out, its flat output
+    (``FSDPParamGroup._all_gather_result``, freed in ``wait_for_unshard``)."""
+    one_of("par.method", par.method, ("fsdp1", "fsdp2"))
+    total = root = 0
+    if par.method == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        for unit in FSDP.fsdp_modules(model):
+            if unit._handle is None:
+                continue
+            flat = unit._handle.flat_param
+            shard = _nbytes(flat._local_shard)
+            full = (flat._full_param_padded.untyped_storage().nbytes()
+                    if unit._handle.uses_sharded_strategy else shard)  # NO_SHARD: shard = full
+            total += full + (shard if unit._handle.uses_sharded_strategy else 0)
+            root += full if unit is model else 0
+        return Held(total, root)
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        for group in module._get_fsdp_state()._fsdp_param_groups:
+            pending = group._all_gather_result  # prefetched, not yet copied out
+            full = pending.all_gather_output.untyped_storage().nbytes() if pending else 0
+            for p in group.fsdp_params:
+                full += sum(t.untyped_storage().nbytes() for t in p.all_gather_outputs)
+                total += _nbytes(p.sharded_param.to_local())
+            total += full
+            root += full if module is model else 0
+    return Held(total, root)
+
+
+def held_in_step(rank: int, world_size: int, par: Parallel, wl: Workload) -> dict:
+    """Rank function (called by ``measure_configs``): wrap the lab's MLP as ``par`` says, take
+    one step, then look during a second one, at each of ``MOMENTS``, at ``held_params``.
+    ``{}`` for DDP, which gathers nothing."""
+    import torch
+
+    from ..data import rank_batch, synthetic_regression
+    from ..models import build_mlp
+    from ..train import apply_parallel, train_step
+
+    if par.method == "ddp":
+        return {}
+    model = build_mlp(**wl.model_kwargs)
+    blocks = list(model.blocks)  # FSDP1 wraps them in place; the hooks stay on the originals
+    wrapped = apply_parallel(model, par)
+    optimizer = torch.optim.Adam(wrapped.parameters(), lr=1e-3)
+    ds = synthetic_regression(wl.batch_size * world_size, blocks[0].linear.in_features,
+                              model.head.out_features)
+    x, y = rank_batch(ds.tensors, rank, wl.batch_size, next(wrapped.parameters()).device)
+    train_step(wrapped, optimizer, x, y)
+    seen = {}
+
+    def look(moment):
+        seen[moment] = held_params(wrapped, par)
+
+    hooks = (blocks[-1].register_forward_pre_hook(lambda *_: look(MOMENTS[0])),
+             blocks[0].register_full_backward_pre_hook(lambda *_: look(MOMENTS[1])))
+    try:
+        train_step(wrapped, optimizer, x, y)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
 
 
 @dataclass(frozen=True)
@@ -133,9 +229,17 @@ def predict(par: Parallel, num_params: int, world_size: int, root_params: int = 
             largest_unit: int = 0) -> Prediction:
     """``memory.vram_ledger`` and ``costs`` for ``par`` on ``world_size`` ranks, fp32 + Adam.
 
-    ``root_params``: parameters of the root unit, which FSDP1 and FSDP2's default keep unsharded
-    from forward to backward (no backward AllGather for them). ``largest_unit``: parameters of the
-    largest FSDP unit, gathered in full during the step.
+    ``root_params``: parameters of the root unit (what no block owns). The root's pre-forward
+    gathers it before the first block, so it is unsharded while every block computes, in every
+    FSDP configuration of the labs: FSDP1 (``_post_forward_reshard`` in
+    ``torch/distributed/fsdp/_runtime_utils.py`` does not free the root) and FSDP2's default
+    (``FSDPState._lazy_init`` sets the root's ``post_forward_mesh_info = None``) keep it until
+    the end of backward, with no backward AllGather for it; FSDP2 with
+    ``reshard_after_forward=True`` frees it after forward and gathers it again for backward.
+    The in-step ledger therefore counts it (``root_unit_params``), next to the
+    ``largest_unit``, the largest block, gathered in full while it computes; SHARD_GRAD_OP
+    (and FSDP2 with ``False``) already holds every parameter in full. ``held_in_step``
+    measures both.
     """
     int_at_least("num_params", num_params)
     int_at_least("world_size", world_size)
@@ -143,7 +247,7 @@ def predict(par: Parallel, num_params: int, world_size: int, root_params: int = 
     kw = {"shard_size": par.shard_size} if strategy == "HYBRID_SHARD" else {}
     rest = vram_ledger(num_params, world_size, strategy, **kw)
     step = vram_ledger(num_params, world_size, strategy, phase="step",
-                       largest_unit_params=largest_unit, **kw)
+                       largest_unit_params=largest_unit, root_unit_params=root_params, **kw)
     psi = 4 * num_params  # fp32
     if strategy == "DDP":
         volume = ddp_step_bytes(psi, world_size)
@@ -172,6 +276,7 @@ class Row:
     calls: int  # collectives rank 0 issued in the step
     step_time: float  # seconds: the slowest rank's median
     predicted: Prediction
+    in_step: dict  # rank 0's ``Held`` at each of ``MOMENTS`` ({} for DDP)
 
     @property
     def short(self) -> str:
@@ -208,7 +313,8 @@ def collect(results: list, parallels) -> list[Row]:
             worst["peak"].method, dict(worst["peak"].breakdown), r0["volume"],
             by_group(r0["records"]), len(r0["records"]),
             max(statistics.median(r["step_times"]) for r in per_rank),
-            predict(par, r0["num_params"], world_size, r0["root_params"], unit)))
+            predict(par, r0["num_params"], world_size, r0["root_params"], unit),
+            dict(r0["in_step"])))
     return rows
 
 
@@ -232,9 +338,10 @@ def table(rows: list[Row]) -> str:
             f"{'đỉnh đo':>9}{'bước (ms)':>10}{'mẫu/s':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r.world_size:>2}  {r.short:<18}{r.predicted.rest.state / MB:>11.3f}"
-                     f"{r.state.state / MB:>14.3f}{r.peak / MB:>9.3f}"
-                     f"{1e3 * r.step_time:>10.2f}{r.throughput:>9.0f}")
+        lines.append(f"{r.world_size:>2}  {r.short:<18}"
+                     f"{vi.number(r.predicted.rest.state / MB, 3):>11}"
+                     f"{vi.number(r.state.state / MB, 3):>14}{vi.number(r.peak / MB, 3):>9}"
+                     f"{vi.number(1e3 * r.step_time, 2):>10}{vi.grouped(r.throughput):>9}")
     lines.append("(bộ nhớ tính bằng MB = 10^6 byte, mỗi rank)")
     return "\n".join(lines)
 
@@ -247,10 +354,29 @@ def comm_table(rows: list[Row]) -> str:
         f"{'tổng đo':>10}{'công thức':>11}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        vals = "".join(f"{getattr(r.volume, f):>10.0f}" for f, _ in cols)
-        lines.append(f"{r.short:<18}{vals}{r.volume.total:>10.0f}"
-                     f"{r.predicted.volume.total:>11.0f}")
+        vals = "".join(f"{vi.grouped(getattr(r.volume, f)):>10}" for f, _ in cols)
+        lines.append(f"{r.short:<18}{vals}{vi.grouped(r.volume.total):>10}"
+                     f"{vi.grouped(r.predicted.volume.total):>11}")
     lines.append("(byte mà rank 0 gửi trong một bước, theo thuật toán vòng)")
+    return "\n".join(lines)
+
+
+def step_table(rows: list[Row]) -> str:
+    """Parameters during the step, one line per FSDP row: the in-step ledger's parameter bytes
+    (MB), then at each of ``MOMENTS`` what rank 0 held (MB) and whether the root unit was
+    unsharded ("đủ") or sharded ("chia")."""
+    head = f"{'N':>2}  {'cách chạy':<18}{'sổ kế toán':>11}" + "".join(
+        f"{m + ' (MB)':>28}{'gốc':>6}" for m in MOMENTS)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if not r.in_step:
+            continue
+        cells = "".join(f"{vi.number(r.in_step[m].params / MB, 3):>28}"
+                        f"{'đủ' if r.in_step[m].root else 'chia':>6}" for m in MOMENTS)
+        lines.append(f"{r.world_size:>2}  {r.short:<18}"
+                     f"{vi.number(r.predicted.step.params / MB, 3):>11}{cells}")
+    lines.append("(byte tham số rank 0 giữ: shard của mình và mọi bản đầy đủ đã gom; "
+                 "MB = 10^6 byte)")
     return "\n".join(lines)
 
 
