@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from dpbook import launch
 from dpbook.scripts import resume
 
 
@@ -67,9 +68,75 @@ def test_waste_fraction_and_young_interval():
         resume.waste_fraction(0, 60, 14400)
 
 
+def test_waste_fraction_counts_a_checkpoint_only_once_it_is_durable():
+    """Asynchronous save: blocked ``save_s``, durable ``durable_after_s`` later; a failure in
+    between falls back one checkpoint, so each failure loses ``durable_after_s`` more."""
+    base = resume.waste_fraction(759, 10, 28800)
+    assert resume.waste_fraction(759, 10, 28800, durable_after_s=110) == pytest.approx(
+        base + 110 / 28800)
+    assert resume.waste_fraction(100, 0, 1000, restart_s=50, durable_after_s=100) == \
+        pytest.approx(0.2)
+    # the optimum does not move: the extra term is a constant
+    best = resume.young_interval(10, 28800)
+    w = resume.waste_fraction(best, 10, 28800, durable_after_s=110)
+    assert w < resume.waste_fraction(0.8 * best, 10, 28800, durable_after_s=110)
+    assert w < resume.waste_fraction(1.25 * best, 10, 28800, durable_after_s=110)
+    # the discrete picture: failures uniform in time, checkpoints every T, durable D later
+    T, D = 100.0, 30.0
+    lost = []
+    for i in range(20_000):
+        t = 1000 + (i + 0.5) * 10 * T / 20_000  # ten intervals, evenly
+        durable = max(k * T for k in range(int(t // T) + 1) if k * T + D <= t)
+        lost.append(t - durable)
+    assert sum(lost) / len(lost) == pytest.approx(T / 2 + D, rel=1e-3)
+    with pytest.raises(ValueError, match="durable_after_s"):
+        resume.waste_fraction(100, 10, 1000, durable_after_s=101)
+    with pytest.raises(ValueError, match="durable_after_s"):
+        resume.waste_fraction(100, 10, 1000, durable_after_s=-1)
+
+
 def test_torchrun_events_shortens_agent_lines():
     log = ("I1129 18:16:07.128000 4688 .venv/lib/python3.11/site-packages/torch/distributed/"
            "elastic/agent/server/api.py:942] [default] Worker group FAILED. 2/2 attempts left\n"
            "something else\n")
     assert resume.torchrun_events(log, ["Worker group"]) == [
         "I api.py:942] [default] Worker group FAILED. 2/2 attempts left"]
+
+
+def test_run_refuses_a_crash_and_a_call_outside_a_group():
+    with pytest.raises(ValueError, match="torchrun"):
+        resume.run(0, 1, cfg(kill_rank=1, kill_step=3))
+    with pytest.raises(ValueError, match="ResumeConfig"):
+        resume.run(0, 1)
+    with pytest.raises(ValueError, match="process group"):
+        resume.run(0, 1, cfg())
+
+
+def test_a_job_stopped_after_step_6_and_the_next_one_equal_one_uninterrupted_job(tmp_path):
+    """Section 4.2.6, exercise 5: the second job starts after the last complete checkpoint (4),
+    recomputes steps 5 and 6, and ends bit for bit where one 12-step job ends."""
+    def job(name, steps):
+        return resume.ResumeConfig(ckpt_dir=str(tmp_path / name), out="", steps=steps,
+                                   ckpt_every=4)
+    ranks = launch.spawn(resume.run, job("one", 12), job("two", 6), job("two", 12),
+                         world_size=2, backend="gloo", timeout=120, output="none")
+    for r, (one, first, second) in enumerate(ranks):
+        assert (one["start"], first["start"], second["start"]) == (0, 0, 4)
+        assert all(torch.equal(second["state"][k], one["state"][k]) for k in one["state"])
+        assert (second["summary"] is None) == (r != 0)
+    attempts = ranks[0][2]["summary"]["attempts"]
+    assert [(a["from_step"], a["steps_run"], a["last_step"]) for a in attempts] == [
+        (0, 6, 6), (4, 8, 12)]
+    assert ranks[0][2]["summary"]["checkpoints"] == [4, 8, 12]
+    assert resume.latest_checkpoint(str(tmp_path / "two")) == 12
+
+
+def test_summarize_starts_an_attempt_at_each_start_event():
+    events = [{"job": "", "attempt": 0, "time": 0.0, "event": "start", "from_step": 0,
+               "world_size": 2},
+              {"job": "", "attempt": 0, "time": 1.0, "event": "step", "step": 1, "seconds": 0.1},
+              {"job": "", "attempt": 0, "time": 3.0, "event": "start", "from_step": 0,
+               "world_size": 1}]
+    first, second = resume.summarize(events)["attempts"]
+    assert (first["steps_run"], first["last_step"], first["downtime_s"]) == (1, 1, None)
+    assert (second["world_size"], second["steps_run"], second["downtime_s"]) == (1, 0, 2.0)

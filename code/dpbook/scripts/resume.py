@@ -12,6 +12,8 @@
 * On the first attempt only (``TORCHELASTIC_RESTART_COUNT == "0"``), rank ``kill_rank`` sends
   itself SIGKILL right after step ``kill_step``: a real crash, no Python cleanup. torchrun's agent
   sees the dead worker, stops the others and, if ``--max_restarts`` allows, starts them again.
+* ``run`` is the same training as a ``launch.spawn`` rank function: a job that simply ends
+  after ``--steps`` steps (a scheduler's time limit) and a later job that continues it.
 * Rank 0 appends one JSON line per event to ``DIR/progress.jsonl``; at the end it writes the full
   final weights to ``FILE`` (``torch.save``) and a summary per attempt to ``FILE`` with the
   suffix ``.json`` (``read_result`` reads both).
@@ -204,17 +206,46 @@ def train(cfg: ResumeConfig) -> dict:
     return {"state": full_state_dict(model), "start": start}
 
 
+def run(rank: int, world_size: int, *jobs: ResumeConfig) -> list[dict]:
+    """``launch.spawn`` rank function: ``jobs`` run one after the other in the group that spawn
+    made, each as its own job would: a fresh model and optimizer, ``train`` from the latest
+    complete checkpoint in its ``ckpt_dir``, nothing carried over in memory. A job simply ends
+    after its ``steps``, as when the cluster's scheduler stops it at its time limit. No crash
+    here (``kill_step`` needs torchrun, whose agent restarts the workers). Returns, per job,
+    the full final weights, the step it started from and, on rank 0, the summary of every
+    attempt logged in its ``ckpt_dir`` so far. ``out`` is not written: the weights come back as
+    the result."""
+    if not jobs or not all(isinstance(cfg, ResumeConfig) for cfg in jobs):
+        raise ValueError("Cần ít nhất một ResumeConfig, mỗi job một cái.")
+    if any(cfg.kill_step is not None for cfg in jobs):
+        raise ValueError("kill_rank/kill_step chỉ dùng được khi chạy bằng torchrun (agent của nó "
+                         "khởi động lại worker); với launch.spawn hãy bỏ chúng đi.")
+    if not dist.is_initialized() or (rank, world_size) != (dist.get_rank(), dist.get_world_size()):
+        raise ValueError(f"rank={rank}, world_size={world_size}: cần chạy trong process group "
+                         "mà launch.spawn tạo, với đúng rank và world_size của nó.")
+    out = []
+    for cfg in jobs:
+        Path(cfg.ckpt_dir).mkdir(parents=True, exist_ok=True)
+        result = train(cfg)
+        dist.barrier()  # rank 0 has logged the last step before it reads the log
+        out.append({**result, "summary": summarize(read_events(cfg.ckpt_dir)) if rank == 0
+                    else None})
+    return out
+
+
 def summarize(events: list[dict]) -> dict:
-    """Per attempt, in order (a job started again by hand counts its attempts from 0 again):
-    the step it started from, how many steps it ran, the last one, and the downtime before it
+    """Per attempt, in order (each "start" event begins one, so a job started again by hand,
+    whose ``attempt`` counts from 0 again, is an entry of its own, and so is a job run by
+    ``launch.spawn``, which has no torchrun job id): the step it started from, how many steps it ran, the last one, and the downtime before it
     (seconds from the previous attempt's last event to this start); plus the checkpoint save
     times and the step times of every attempt."""
-    attempts: dict[tuple, dict] = {}
+    attempts: list[dict] = []
     last_time = None
     for e in events:
-        a = attempts.setdefault((e["job"], e["attempt"]), {
-            "job": e["job"], "attempt": e["attempt"], "steps_run": 0, "last_step": None,
-            "downtime_s": None})
+        if e["event"] == "start" or not attempts:  # every attempt logs its start first
+            attempts.append({"job": e["job"], "attempt": e["attempt"], "steps_run": 0,
+                             "last_step": None, "downtime_s": None})
+        a = attempts[-1]
         if e["event"] == "start":
             a.update(from_step=e["from_step"], world_size=e["world_size"])
             if last_time is not None:
@@ -223,7 +254,7 @@ def summarize(events: list[dict]) -> dict:
             a["steps_run"] += 1
             a["last_step"] = e["step"]
         last_time = e["time"]
-    return {"attempts": list(attempts.values()),  # dicts keep insertion (time) order
+    return {"attempts": attempts,
             "checkpoint_seconds": [e["seconds"] for e in events if e["event"] == "checkpoint"],
             "step_seconds": [e["seconds"] for e in events if e["event"] == "step"],
             "checkpoints": [e["step"] for e in events if e["event"] == "checkpoint"]}
@@ -263,20 +294,33 @@ def torchrun_events(output: str, keys: Sequence[str]) -> list[str]:
 
 
 def waste_fraction(interval_s: float, save_s: float, mtbf_s: float,
-                   restart_s: float = 0.0) -> float:
+                   restart_s: float = 0.0, durable_after_s: float = 0.0) -> float:
     """Share of the time lost to fault tolerance, to first order: writing a checkpoint every
-    ``interval_s`` seconds of training costs ``save_s / interval_s``; a failure every ``mtbf_s``
-    seconds on average loses half an interval of work plus the restart."""
+    ``interval_s`` seconds of training costs ``save_s / interval_s`` (the time training is
+    blocked); a failure every ``mtbf_s`` seconds on average loses half an interval of work plus
+    the restart.
+
+    ``durable_after_s``: with an asynchronous save (``dcp.async_save``), training goes on while
+    a background thread writes, and the checkpoint counts only once that write has finished,
+    ``durable_after_s`` seconds after training resumed. A failure in that window falls back to
+    the checkpoint before, so a failure loses ``interval_s / 2 + durable_after_s`` on average.
+    The next save must not start before the previous one is durable: ``durable_after_s`` is at
+    most ``interval_s``."""
     for name, v in (("interval_s", interval_s), ("save_s", save_s), ("mtbf_s", mtbf_s)):
         non_negative(name, v)
         if v == 0 and name != "save_s":
             raise ValueError(f"{name} phải dương, nhận được 0.")
     non_negative("restart_s", restart_s)
-    return save_s / interval_s + (interval_s / 2 + restart_s) / mtbf_s
+    non_negative("durable_after_s", durable_after_s)
+    if durable_after_s > interval_s:
+        raise ValueError(f"durable_after_s={durable_after_s} phải <= interval_s={interval_s}: lần "
+                         "lưu sau không được bắt đầu trước khi lần lưu trước ghi xong.")
+    return save_s / interval_s + (interval_s / 2 + durable_after_s + restart_s) / mtbf_s
 
 
 def young_interval(save_s: float, mtbf_s: float) -> float:
-    """The interval that minimises ``waste_fraction``: sqrt(2 * save_s * mtbf_s) (Young)."""
+    """The interval that minimises ``waste_fraction``: sqrt(2 * save_s * mtbf_s) (Young).
+    ``restart_s`` and ``durable_after_s`` add a constant to the waste and do not move it."""
     non_negative("save_s", save_s)
     non_negative("mtbf_s", mtbf_s)
     return math.sqrt(2 * save_s * mtbf_s)
