@@ -6,26 +6,34 @@ What PyTorch does (read in ``torch/nn/parallel/distributed.py`` of torch 2.13 an
 reducer, ``torch/csrc/distributed/c10d/reducer.cpp``; checked against real runs in
 ``tests/widgets/test_ddp_buckets.py``):
 
-* DDP's parameter list: ``named_modules()`` in order, each module's own parameters that require
-  a gradient, shared parameters once (``_build_params_for_reducer``).
+* DDP's parameter list (``DistributedDataParallel._build_params_for_reducer``):
+  ``named_modules()`` in order, each module's own parameters (``recurse=False``) that require a
+  gradient, then duplicates dropped (a ``memo`` set), so a shared parameter keeps the place where
+  it was first reached: a head tied to the embedding adds nothing, a frozen layer is absent.
 * Caps (``_BucketCapacityConfig.create``): ``bucket_cap_mb=None`` means 25 MiB
   (``_DEFAULT_BUCKET_CAP_MB``) *and* a first bucket of 1 MiB (``dist._DEFAULT_FIRST_BUCKET_BYTES``);
   an explicit ``bucket_cap_mb`` makes the first cap equal to it. There is no
   ``first_bucket_cap_mb`` argument; ``bucket_cap_mb_list=[first, cap]`` (new in 2.x) sets both.
   MB here means MiB: ``int(cap_mb * 1024 * 1024)`` bytes.
 * First iteration (``_BucketCapacityConfig.compute_bucket_size_limits`` and
-  ``_ddp_init_helper``): with ``static_graph=True`` or ``find_unused_parameters=False`` (the
-  default) every parameter sits in ONE bucket, unless ``bucket_cap_mb_list`` is given; otherwise
-  DDP packs in *registration* order with the limits ``[first cap, cap]`` and hands the reducer
-  the list of buckets reversed, so the small first cap lands on the parameters defined first,
-  i.e. on the LAST bucket reduced (``initial_buckets``).
+  ``DistributedDataParallel._ddp_init_helper``): with ``static_graph=True`` or
+  ``find_unused_parameters=False`` (the default) every parameter sits in ONE bucket
+  (limit ``sys.maxsize``), unless ``bucket_cap_mb_list`` is given; otherwise DDP calls
+  ``dist._compute_bucket_assignment_by_size(parameters, limits, expect_sparse_gradient)`` in
+  *registration* order (no ``tensor_indices``: the C++ function then sorts the buckets by the
+  smallest index they hold) and hands the reducer ``list(reversed(bucket_indices))``: the list
+  of buckets is reversed, each bucket keeps registration order inside. B0 therefore holds the
+  parameters registered LAST, and the first limit (the small one) lands on the parameters
+  registered first, i.e. on the last bucket reduced (``initial_buckets``). This is NOT a walk in
+  reverse registration order: the cap is reached from the other end, so the cuts fall elsewhere.
 * Rebuild (``Reducer::rebuild_buckets``, called at the start of a forward): only while
   ``should_rebuild_buckets()`` holds, ``(static_graph_ || !find_unused_parameters_) &&
   !has_rebuilt_bucket_``, so never with ``find_unused_parameters=True`` alone. It packs in the
   order in which the gradients became ready, with ``[first cap, cap]`` (or the given list): the
   small cap lands on B0, the gradients ready FIRST. With ``DDP_SET_LAST_BUCKET_CAP=1`` in the
   environment it packs the reversed order and reverses the result: the small cap lands on the
-  last bucket (``assign_buckets(..., last_small=True)``). ``rebuild_step`` says in which step.
+  last bucket (``assign_buckets(..., last_small=True)``). ``rebuild_step`` says in which step,
+  ``step_buckets`` which layout a given step uses.
 * The packing (``compute_bucket_assignment_by_size`` in ``reducer.cpp``): one open bucket per
   (dtype, device); add the tensor, and close the bucket as soon as its size is >= the current
   limit, so the tensor that crosses the cap stays in it; each (dtype, device) then moves to the
@@ -140,12 +148,13 @@ def cap_limits(bucket_cap_mb: float | None = None,
     return [first, cap]
 
 
-def assign_buckets(params: Sequence[Param], limits: Sequence[int],
-                   order: Sequence[int] | None = None, *,
+def assign_buckets(params: Sequence[Param], limits: Sequence[int], order: Sequence[int], *,
                    last_small: bool = False) -> list[Bucket]:
-    """PyTorch's ``compute_bucket_assignment_by_size``: walk ``order`` (default: reverse
-    registration, the order DDP assumes for a plain stack of layers), one open bucket per
-    (dtype, device), closed once its bytes reach the current limit, then the next limit.
+    """PyTorch's ``compute_bucket_assignment_by_size`` with ``tensor_indices=order``, as DDP's
+    rebuild calls it: walk ``order`` (the gradient-ready order, from ``ready_order``), one open
+    bucket per (dtype, device), closed once its bytes reach the current limit, then the next
+    limit. There is no default order: the layout of DDP's first iteration is
+    ``initial_buckets``, the one after the rebuild ``rebuilt_buckets``.
 
     ``last_small=True`` is the rebuild under ``DDP_SET_LAST_BUCKET_CAP=1``: walk ``order``
     backwards, then reverse the list of buckets, so the first limit (the small one) goes to the
@@ -159,7 +168,7 @@ def assign_buckets(params: Sequence[Param], limits: Sequence[int],
         raise ValueError(f"limits phải là danh sách số byte nguyên dương, nhận được {limits!r}.")
     if not isinstance(last_small, bool):
         raise ValueError(f"last_small phải là True hoặc False, nhận được {last_small!r}.")
-    order = list(range(len(params)))[::-1] if order is None else list(order)
+    order = list(order)
     if sorted(order) != list(range(len(params))):
         raise ValueError("order phải là một hoán vị của các chỉ số tham số 0..n-1.")
     if last_small:
@@ -229,18 +238,29 @@ class DdpSetting:
         return ("DDP_SET_LAST_BUCKET_CAP=1, " + text) if self.last_bucket_cap else text
 
 
-def initial_buckets(params: Sequence[Param], setting: DdpSetting) -> list[Bucket]:
-    """The buckets of DDP's first iteration (``_ddp_init_helper``): one bucket when
-    ``compute_bucket_size_limits`` gives ``[sys.maxsize]`` (``static_graph=True``, or
-    ``find_unused_parameters=False``, without ``bucket_cap_mb_list``); otherwise packed in
-    registration order and handed to the reducer reversed."""
+def initial_limits(setting: DdpSetting) -> list[int]:
+    """The limits of DDP's first-iteration packing, ``bucket_size_limits`` of
+    ``_BucketCapacityConfig.compute_bucket_size_limits``: ``bucket_cap_mb_list`` as given;
+    else ``[sys.maxsize]`` (one bucket) with ``static_graph=True`` or
+    ``find_unused_parameters=False``; else ``[first cap, cap]``, or ``[cap]`` when the first cap
+    is not smaller."""
     limits = setting.limits
-    if setting.first_bucket_cap_mb is None:
-        if setting.static_graph or not setting.find_unused_parameters:
-            limits = [sys.maxsize]  # never reached: one bucket
-        elif limits[0] >= limits[1]:
-            limits = limits[1:]
-    packed = assign_buckets(params, limits, range(len(params)))[::-1]
+    if setting.first_bucket_cap_mb is not None:
+        return limits
+    if setting.static_graph or not setting.find_unused_parameters:
+        return [sys.maxsize]  # never reached: one bucket
+    return limits if limits[0] < limits[1] else limits[1:]
+
+
+def initial_buckets(params: Sequence[Param], setting: DdpSetting) -> list[Bucket]:
+    """The buckets of DDP's first iteration, as ``_ddp_init_helper`` builds them: packed in
+    registration order with ``initial_limits(setting)``, the buckets sorted by the smallest
+    index they hold (what the C++ packing does without ``tensor_indices``; it matters only when
+    dtypes or devices are mixed), then the LIST reversed, each bucket keeping registration order
+    inside. With ``find_unused_parameters=True`` and no ``static_graph`` this layout is kept for
+    the whole training (``rebuild_step`` is ``None``)."""
+    packed = assign_buckets(params, initial_limits(setting), range(len(params)))
+    packed = sorted(packed, key=lambda b: min(b.params))[::-1]
     return [Bucket(k, b.params, b.nbytes, b.limit) for k, b in enumerate(packed)]
 
 
@@ -265,3 +285,16 @@ def rebuilt_buckets(params: Sequence[Param], setting: DdpSetting,
     if rebuild_step(setting) is None:
         return initial_buckets(params, setting)
     return assign_buckets(params, setting.limits, order, last_small=setting.last_bucket_cap)
+
+
+def step_buckets(params: Sequence[Param], setting: DdpSetting, order: Sequence[int],
+                 step: int) -> list[Bucket]:
+    """The buckets DDP's reducer uses in training step ``step`` (1-based): the first-iteration
+    layout before ``rebuild_step(setting)`` (for ever if it is ``None``), the rebuilt one from
+    that step on. ``order``: the gradient-ready order (``ready_order``)."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"step phải là số nguyên >= 1 (bước 1 là bước đầu), nhận được {step!r}.")
+    at = rebuild_step(setting)
+    if at is None or step < at:
+        return initial_buckets(params, setting)
+    return rebuilt_buckets(params, setting, order)

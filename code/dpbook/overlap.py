@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from . import vi
 from .buckets import Bucket, Param, assign_buckets, cap_limits
-from .checks import int_at_least, non_negative
+from .checks import int_at_least, non_negative, one_of
 from .costs import alpha_beta_time
 
 # Alpha-beta defaults, calibrated on this 2-core machine with each operation run ALONE: gloo
@@ -28,6 +28,7 @@ DEFAULT_BANDWIDTH = 1e9  # bytes/s
 DEFAULT_FLOPS = 50e9  # FLOP/s of the backward pass, per rank
 DEFAULT_WORLD_SIZE = 2
 DEFAULT_BATCH = 128  # the demo batch, of the real run and of the alpha-beta model alike
+LAYOUT_KINDS = ("rebuilt", "initial")  # DDP's layout after the rebuild / in its first iteration
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class Timeline:
     baseline_total: float  # backward, then one AllReduce of every gradient
     caps: tuple[int, int]
     baseline_compute_end: float | None = None  # None: the same backward as above
+    layout: str = "rebuilt"  # "rebuilt": packed in ready order; "initial": DDP's first iteration
 
 
 def layer_times(params: Sequence[Param], order: Sequence[int], batch: int = DEFAULT_BATCH,
@@ -100,23 +102,32 @@ def _serialise(buckets: Sequence[Bucket], ready: Sequence[float], world_size: in
     return spans
 
 
-def alpha_beta_timeline(params: Sequence[Param], limits: Sequence[int],
-                        order: Sequence[int] | None = None, *, world_size: int = DEFAULT_WORLD_SIZE,
-                        alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWIDTH,
-                        batch: int = DEFAULT_BATCH, flops: float = DEFAULT_FLOPS,
-                        last_small: bool = False) -> Timeline:
-    """Backward layer after layer (each layer's gradients ready at its end), buckets from
-    ``assign_buckets`` (``last_small``: as DDP rebuilds them under
-    ``DDP_SET_LAST_BUCKET_CAP=1``), AllReduces timed by ``costs.alpha_beta_time`` and
-    serialised.
+def alpha_beta_timeline(params: Sequence[Param], limits: Sequence[int], order: Sequence[int], *,
+                        world_size: int = DEFAULT_WORLD_SIZE, alpha: float = DEFAULT_ALPHA,
+                        bandwidth: float = DEFAULT_BANDWIDTH, batch: int = DEFAULT_BATCH,
+                        flops: float = DEFAULT_FLOPS, last_small: bool = False,
+                        layout: Sequence[Bucket] | None = None,
+                        layout_kind: str = "rebuilt") -> Timeline:
+    """Backward layer after layer in the gradient-ready ``order`` (each layer's gradients ready
+    at its end), buckets from ``assign_buckets`` on that order, i.e. DDP's layout after the
+    rebuild (``last_small``: as DDP rebuilds them under ``DDP_SET_LAST_BUCKET_CAP=1``), or the
+    given ``layout`` (e.g. ``buckets.initial_buckets``, the first iteration's), AllReduces timed
+    by ``costs.alpha_beta_time`` and serialised in bucket order. ``layout_kind`` says which
+    layout it is, for the labels: ``"rebuilt"`` or ``"initial"`` (``LAYOUT_KINDS``).
 
     The model assumes perfect overlap: an AllReduce running beside the backward does not slow
     it down. On a GPU, NCCL's kernels take SMs and memory bandwidth from the compute kernels
     they overlap; the model leaves that out."""
     int_at_least("world_size", world_size, 2)
     non_negative("alpha", alpha)
-    order = list(range(len(params)))[::-1] if order is None else list(order)
-    buckets = assign_buckets(params, limits, order, last_small=last_small)
+    one_of("layout_kind", layout_kind, LAYOUT_KINDS)
+    order = list(order)
+    if layout is None:
+        buckets = assign_buckets(params, limits, order, last_small=last_small)
+    else:
+        buckets = list(layout)
+        if sorted(i for b in buckets for i in b.params) != list(range(len(params))):
+            raise ValueError("layout phải chứa mỗi chỉ số tham số 0..n-1 đúng một lần.")
     layers, ready, t = [], [0.0] * len(params), 0.0
     for name, dt, ix in layer_times(params, order, batch, flops):
         layers.append(LayerSpan(name, t, t + dt, ix))
@@ -131,7 +142,7 @@ def alpha_beta_timeline(params: Sequence[Param], limits: Sequence[int],
              f"{vi.number(flops / 1e9, 1)} GFLOP/s)")
     return Timeline("alpha-beta", label, tuple(params), tuple(buckets), tuple(layers),
                     tuple(comms), tuple(ready), t, max(t, comms[-1].end), baseline,
-                    (limits[0], limits[-1]))
+                    (limits[0], limits[-1]), layout=layout_kind)
 
 
 @dataclass(frozen=True)
@@ -151,8 +162,8 @@ class Comparison:
         return min(("per_param", "buckets", "no_overlap"), key=lambda k: getattr(self, k))
 
 
-def compare_strategies(params: Sequence[Param], limits: Sequence[int],
-                       order: Sequence[int] | None = None, **model) -> Comparison:
+def compare_strategies(params: Sequence[Param], limits: Sequence[int], order: Sequence[int],
+                       **model) -> Comparison:
     """(a) one AllReduce per parameter (a 1-byte cap closes a bucket at every tensor),
     (b) DDP's buckets with ``limits``, (c) one AllReduce after the whole backward (the
     no-overlap baseline). ``model``: keyword arguments of ``alpha_beta_timeline``."""

@@ -76,20 +76,22 @@ def _p(*numels, dtype="float32"):
 
 
 def test_assignment_closed_form():
-    # 40, 40, 40, 20 bytes; reverse order 3,2,1,0. First limit 50: 20+40 = 60 >= 50 closes
+    # 40, 40, 40, 20 bytes; order 3,2,1,0. First limit 50: 20+40 = 60 >= 50 closes
     # [3, 2]; then limit 100: 40+40 = 80 < 100 stays open until the end.
-    bks = buckets.assign_buckets(_p(10, 10, 10, 5), [50, 100])
+    bks = buckets.assign_buckets(_p(10, 10, 10, 5), [50, 100], [3, 2, 1, 0])
     assert [b.params for b in bks] == [(3, 2), (1, 0)]
     assert [b.nbytes for b in bks] == [60, 80] and [b.limit for b in bks] == [50, 100]
     # the tensor that crosses the cap stays in the bucket it crossed, however large
-    assert [b.params for b in buckets.assign_buckets(_p(1000, 1, 1), [12])] == [(2, 1, 0)]
+    assert [b.params for b in buckets.assign_buckets(_p(1000, 1, 1), [12], [2, 1, 0])] == [(2, 1, 0)]
     # reaching the cap exactly closes the bucket
-    assert [b.params for b in buckets.assign_buckets(_p(2, 1, 1), [8])] == [(2, 1), (0,)]
+    assert [b.params for b in buckets.assign_buckets(_p(2, 1, 1), [8], [2, 1, 0])] == [(2, 1), (0,)]
+    with pytest.raises(TypeError):  # no default order: initial_buckets / rebuilt_buckets say which
+        buckets.assign_buckets(_p(1, 2), [8])
 
 
 def test_assignment_refuses_bad_input():
     with pytest.raises(ValueError, match="limits phải là danh sách số byte nguyên dương"):
-        buckets.assign_buckets(_p(1, 2), [0])
+        buckets.assign_buckets(_p(1, 2), [0], [0, 1])
     with pytest.raises(ValueError, match="order phải là một hoán vị"):
         buckets.assign_buckets(_p(1, 2), [8], [0, 0])
 
@@ -155,7 +157,7 @@ def test_timeline_closed_form():
     # last layer 4*10*3000/1e6 = 0.12 s, then 0.04 s; alpha 0.01 s, 1e5 B/s, N = 2.
     params = [buckets.Param("l0.w", "l0", 1000), buckets.Param("l1.w", "l1", 3000)]
     kw = {"world_size": 2, "alpha": 0.01, "bandwidth": 1e5, "batch": 10, "flops": 1e6}
-    tl = overlap.alpha_beta_timeline(params, [1], **kw)  # one bucket per layer
+    tl = overlap.alpha_beta_timeline(params, [1], [1, 0], **kw)  # one bucket per layer
     assert [(s.name, s.start, s.end) for s in tl.layers] == [("l1", 0, pytest.approx(0.12)),
                                                            ("l0", pytest.approx(0.12),
                                                             pytest.approx(0.16))]
@@ -320,11 +322,10 @@ def test_real_ddp_uses_the_computed_buckets(recorded):
         # iteration 1: with find_unused_parameters=False DDP puts everything in one bucket,
         # unless bucket_cap_mb_list is given: then it packs in registration order (and reverses
         # the list of buckets). It then rebuilds from the order seen in that iteration.
+        initial = buckets.initial_buckets(params, buckets.DdpSetting(*key))
+        assert tr.first_iteration_buckets == tuple(b.params for b in initial), key
         if tr.first_bucket_cap_mb is None:
             assert tr.first_iteration_buckets == (tuple(range(len(params))),)
-        else:
-            initial = buckets.assign_buckets(params, limits, list(range(len(params))))
-            assert tr.first_iteration_buckets == tuple(b.params for b in reversed(initial))
         assert tr.first_ready_order == tuple(order)
         assert list(tr.bucket_numel) == [sum(params[i].numel for i in b) for b in ours]
     n = {(t.bucket_cap_mb, t.first_bucket_cap_mb): len(t.buckets) for t in rank0}
@@ -364,7 +365,7 @@ def test_last_small_packs_from_the_end_and_reverses():
     assert last_small[-1].limit == 40 and last_small[-1].params == (4,)
     assert [b.index for b in last_small] == list(range(len(last_small)))
     with pytest.raises(ValueError, match="last_small"):
-        buckets.assign_buckets(params, [40], last_small=1)
+        buckets.assign_buckets(params, [40], range(5), last_small=1)
 
 
 def test_last_small_matches_torch_on_the_reversed_order():
@@ -455,3 +456,57 @@ def test_rebuild_worker_refuses_bad_arguments():
         ddp_run.rebuild_worker(0, 2, steps=0)
     with pytest.raises(ValueError, match="DdpSetting"):
         ddp_run.rebuild_worker(0, 2, settings=((0.1, None),))
+
+
+# ------------------------------------------------------------- the layout of a given step
+
+
+def test_player_shows_the_layout_of_the_chosen_step():
+    params, order = ddp_buckets.demo_params()
+    S = buckets.DdpSetting
+    cases = {(2, False, None): "rebuilt", (1, False, None): "initial", (1, False, 0.02): "initial",
+             (2, True, None): "initial", (5, True, 0.02): "initial", (2, False, 0.02): "rebuilt"}
+    for (step, fu, first), kind in cases.items():
+        player = ddp_buckets.player(0.1, first, step=step, find_unused_parameters=fu)
+        want = buckets.step_buckets(params, S(0.1, first, find_unused_parameters=fu), order, step)
+        tl = overlap.alpha_beta_timeline(params, S(0.1, first).limits, order, layout=want,
+                                         layout_kind=kind)
+        assert len(player.frames) == len(tl.layers) + 2
+        text = _texts(player.frames[0].svg)
+        assert ("bố cục bước 1" in text) == (kind == "initial"), (step, fu, first)
+        assert f"{len(want)} bucket" in player.frames[0].caption
+        assert player.frames[-1].caption == ddp_buckets.build_frames(tl)[-1].caption
+    # step 1 with the defaults: one bucket, no overlap; the title says so
+    one = ddp_buckets.player(0.1, step=1)
+    assert "bước 1: một bucket" in _texts(one.frames[0].svg)
+    assert "không chồng lấp" in one.frames[0].caption
+    # bucket_cap_mb_list in step 1: the small cap sits on the LAST bucket, and the title says so
+    lst = _texts(ddp_buckets.player(0.1, 0.02, step=1).frames[0].svg)
+    assert "bucket cuối 0,02 MiB" in lst
+    assert "bucket đầu 0,02 MiB" in _texts(ddp_buckets.player(0.1, 0.02).frames[0].svg)
+
+
+def test_initial_layout_timeline_of_bucketnet():
+    # packed from the parameters declared first, the cuts fall elsewhere than once rebuilt:
+    # B0 holds b2.fc2.bias, head.weight, head.bias and is ready only after b2.fc2
+    params, order = ddp_buckets.demo_params()
+    S = buckets.DdpSetting
+    first = buckets.initial_buckets(params, S(0.1, 0.02))
+    assert [params[i].name for i in first[0].params] == ["b2.fc2.bias", "head.weight", "head.bias"]
+    tl = overlap.alpha_beta_timeline(params, S(0.1, 0.02).limits, order, layout=first,
+                                     layout_kind="initial")
+    rebuilt = overlap.alpha_beta_timeline(params, S(0.1, 0.02).limits, order)
+    assert tl.comms[0].ready == tl.layers[1].end > rebuilt.comms[0].ready == tl.layers[0].end
+    with pytest.raises(ValueError, match="layout phải chứa"):
+        overlap.alpha_beta_timeline(params, [1], order, layout=first[:-1])
+    with pytest.raises(ValueError, match="layout_kind"):
+        overlap.alpha_beta_timeline(params, [1], order, layout_kind="bước 1")
+
+
+def test_measured_player_refuses_a_layout_it_did_not_measure():
+    traces = {(0.1, None): _fake_trace()}
+    for kw in (dict(step=1), dict(find_unused_parameters=True)):
+        with pytest.raises(ValueError, match="Số đo chỉ có cho bố cục đã dựng lại"):
+            ddp_buckets.player(0.1, source="measured", traces=traces, **kw)
+    with pytest.raises(ValueError, match="step phải là số nguyên"):
+        ddp_buckets.player(0.1, step=0)

@@ -6,13 +6,15 @@ The worker lives here, at module top level, so that the spawn start method can i
 name; ``measured_timeline`` turns its traces into a ``dpbook.overlap.Timeline``.
 ``rebuild_runs`` records, step by step, which buckets DDP's reducer used under a few
 ``buckets.DdpSetting``s (``find_unused_parameters``, ``static_graph``,
-``DDP_SET_LAST_BUCKET_CAP``), and the step whose forward rebuilt them.
+``DDP_SET_LAST_BUCKET_CAP``), and the step whose forward rebuilt them, on the demo model or on
+any ``Probe`` (a model and its inputs, importable by name), all cases in one launch.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -100,10 +102,10 @@ def _one_step(ddp, rec: _Recorder, x: torch.Tensor) -> float:
     return rec.now()
 
 
-def _recorded_ddp(seed: int, world_size: int, kwargs: dict, hook):
-    """BucketNet in DDP built with ``kwargs``, with a ``_Recorder`` that every parameter's
-    gradient-ready hook and DDP's comm hook ``hook`` report to."""
-    model = build_bucket_net(seed)
+def _recorded_ddp(seed: int, world_size: int, kwargs: dict, hook, build=build_bucket_net):
+    """``build(seed)`` (BucketNet by default) in DDP built with ``kwargs``, with a ``_Recorder``
+    that every parameter's gradient-ready hook and DDP's comm hook ``hook`` report to."""
+    model = build(seed)
     ddp = nn.parallel.DistributedDataParallel(model, **kwargs)
     tensors = [p for *_, p in ddp_named_params(model)]
     rec = _Recorder(len(tensors), world_size)
@@ -197,6 +199,30 @@ def measured_timeline(tr: DdpTrace) -> Timeline:
 LAST_BUCKET_ENV = "DDP_SET_LAST_BUCKET_CAP"  # read by the C++ reducer when it rebuilds
 
 
+def bucket_net_input(batch: int, generator: torch.Generator) -> torch.Tensor:
+    """One input batch of the demo model."""
+    return torch.randn(batch, BUCKET_NET_D_IN, generator=generator)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A model to wrap in DDP, given by importable callables (the ranks rebuild it by name):
+    ``build(seed)`` returns the model, the same on every rank; ``example(batch, generator)`` one
+    input batch; the loss is the sum of the output."""
+
+    name: str
+    build: Callable[[int], nn.Module]
+    example: Callable[[int, torch.Generator], torch.Tensor]
+
+    def __post_init__(self):
+        if not (callable(self.build) and callable(self.example)):
+            raise ValueError("Probe cần hai hàm gọi được: một hàm trả về mô hình từ seed, một "
+                             "hàm trả về một batch đầu vào.")
+
+
+BUCKET_NET = Probe("BucketNet", build_bucket_net, bucket_net_input)
+
+
 @dataclass(frozen=True)
 class RebuildRun:
     """One ``DdpSetting`` over a few training steps on one rank: the buckets the reducer used
@@ -208,6 +234,8 @@ class RebuildRun:
     steps: tuple[tuple[tuple[int, ...], ...], ...]
     rebuilt_at: int | None
     ready_order: tuple[int, ...]  # order of the gradients in step 1
+    model: str = BUCKET_NET.name  # the Probe's name
+    params: tuple[Param, ...] = ()  # the model's parameters in DDP's order (buckets.model_params)
 
 
 def _layout_hook(rec: _Recorder, bucket):
@@ -221,18 +249,18 @@ def _layout_hook(rec: _Recorder, bucket):
 
 
 def _history(rank: int, world_size: int, setting: DdpSetting, steps: int, batch: int,
-             seed: int) -> RebuildRun:
+             seed: int, probe: Probe = BUCKET_NET) -> RebuildRun:
     before = os.environ.get(LAST_BUCKET_ENV)
     if setting.last_bucket_cap:  # set before DDP is built; the reducer reads it when rebuilding
         os.environ[LAST_BUCKET_ENV] = "1"
     else:
         os.environ.pop(LAST_BUCKET_ENV, None)
     try:
-        ddp, rec = _recorded_ddp(seed, world_size, setting.kwargs(), _layout_hook)
+        ddp, rec = _recorded_ddp(seed, world_size, setting.kwargs(), _layout_hook, probe.build)
         gen = torch.Generator().manual_seed(seed + rank)
         layouts, rebuilt_at, ready = [], None, ()
         for step in range(1, steps + 1):
-            out = ddp(torch.randn(batch, BUCKET_NET_D_IN, generator=gen))
+            out = ddp(probe.example(batch, gen))
             if rebuilt_at is None and ddp._has_rebuilt_buckets:
                 rebuilt_at = step
             rec.order, rec.calls = [], []
@@ -245,23 +273,41 @@ def _history(rank: int, world_size: int, setting: DdpSetting, steps: int, batch:
             os.environ.pop(LAST_BUCKET_ENV, None)
         else:
             os.environ[LAST_BUCKET_ENV] = before
-    return RebuildRun(setting, tuple(layouts), rebuilt_at, ready)
+    return RebuildRun(setting, tuple(layouts), rebuilt_at, ready, probe.name,
+                      tuple(model_params(probe.build(seed))))
+
+
+def _cases(settings) -> list[tuple[Probe, DdpSetting]]:
+    """Each item: a ``DdpSetting`` (on the demo model) or a ``(Probe, DdpSetting)`` pair."""
+    out = []
+    for s in settings:
+        if isinstance(s, DdpSetting):
+            out.append((BUCKET_NET, s))
+        elif (isinstance(s, tuple) and len(s) == 2 and isinstance(s[0], Probe)
+              and isinstance(s[1], DdpSetting)):
+            out.append(s)
+        else:
+            raise ValueError("settings phải là các buckets.DdpSetting hoặc cặp "
+                             f"(Probe, DdpSetting), nhận được {s!r}.")
+    return out
 
 
 def rebuild_worker(rank: int, world_size: int, settings=(DdpSetting(),), steps: int = 4,
                    batch: int = 8, seed: int = 0) -> list[RebuildRun]:
-    """Rank function for ``launch.spawn``: ``_history`` of each setting, one after another."""
+    """Rank function for ``launch.spawn``: ``_history`` of each setting (or ``(Probe,
+    setting)`` pair), one after another."""
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ValueError(f"steps phải là số nguyên >= 1, nhận được {steps!r}.")
-    if not all(isinstance(s, DdpSetting) for s in settings):
-        raise ValueError("settings phải là các buckets.DdpSetting.")
-    return [_history(rank, world_size, s, steps, batch, seed) for s in settings]
+    return [_history(rank, world_size, s, steps, batch, seed, probe)
+            for probe, s in _cases(settings)]
 
 
 def rebuild_runs(settings, steps: int = 4, world_size: int = 2, **spawn_kwargs) -> list:
     """Run ``rebuild_worker`` on ``world_size`` gloo ranks (one launch, about 3 s here); return
-    rank 0's ``RebuildRun``s, in the order of ``settings``, after checking that every rank saw
-    the same buckets (rank 0 broadcasts its layout when DDP rebuilds)."""
+    rank 0's ``RebuildRun``s, in the order of ``settings`` (``DdpSetting``s on the demo model,
+    or ``(Probe, DdpSetting)`` pairs), after checking that every rank saw the same buckets
+    (rank 0 broadcasts its layout when DDP rebuilds)."""
+    _cases(settings)  # refuse bad input before any process starts
     results = spawn(rebuild_worker, tuple(settings), steps, world_size=world_size,
                     backend=BACKEND, **spawn_kwargs)
     for other in results[1:]:

@@ -1,8 +1,11 @@
 """The DDP-bucket animation: ``frames`` (pure model), ``render`` (SVG), the static ``player``
 (and ``comparison_player``: three ways to synchronise gradients) and the live ``controls``.
 
-The buckets themselves come from ``dpbook.buckets`` (the same assignment as PyTorch's), the times
-from ``dpbook.overlap`` (alpha-beta model) or a run recorded by ``dpbook.tracing.ddp_run``.
+The buckets themselves come from ``dpbook.buckets`` (the same assignment as PyTorch's): the layout
+DDP uses in the chosen training ``step`` (``buckets.step_buckets``: its first-iteration layout in
+step 1, and for ever with ``find_unused_parameters=True``; the rebuilt one from step 2 otherwise).
+The times come from ``dpbook.overlap`` (alpha-beta model) or a run recorded by
+``dpbook.tracing.ddp_run``.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import functools
 
 from ... import vi
 from ...tracing.ddp_run import CAP_CHOICES_MB, measured_timeline
-from ...buckets import cap_limits
+from ...buckets import DdpSetting, cap_limits, rebuild_step, step_buckets
 from ...checks import non_negative, one_of
 from ...overlap import (DEFAULT_ALPHA, DEFAULT_BANDWIDTH, DEFAULT_BATCH, DEFAULT_WORLD_SIZE,
                         Timeline, alpha_beta_timeline, compare_strategies)
@@ -39,12 +42,23 @@ def player(bucket_cap_mb: float | None = 0.1, first_bucket_cap_mb: float | None 
            alpha_us: float = DEFAULT_ALPHA * 1e6,
            bandwidth_gbs: float = DEFAULT_BANDWIDTH / 1e9,
            world_size: int = DEFAULT_WORLD_SIZE, batch: int = DEFAULT_BATCH,
+           step: int = 2, find_unused_parameters: bool = False,
            presentation: bool = False) -> Player:
-    """The player for the demo model. ``source="measured"`` needs ``traces`` from ``measure``
-    holding this ``(bucket_cap_mb, first_bucket_cap_mb)``."""
+    """The player for the demo model, with the buckets DDP uses in training step ``step``
+    (``buckets.step_buckets``; the default, step 2, is the rebuilt layout unless
+    ``find_unused_parameters=True``). ``source="measured"`` needs ``traces`` from ``measure``
+    holding this ``(bucket_cap_mb, first_bucket_cap_mb)``; they are recorded after warm-up, with
+    ``find_unused_parameters=False``."""
     one_of("source", source, SOURCES)
-    limits = cap_limits(bucket_cap_mb, first_bucket_cap_mb)
+    setting = DdpSetting(bucket_cap_mb, first_bucket_cap_mb,
+                         find_unused_parameters=find_unused_parameters)
+    params, order = demo_params()
+    layout = step_buckets(params, setting, order, step)  # checks step
     if source == "measured":
+        if find_unused_parameters or step < rebuild_step(setting):
+            raise ValueError("Số đo chỉ có cho bố cục đã dựng lại (find_unused_parameters=False, "
+                             f"step >= 2), nhận được step={step}, "
+                             f"find_unused_parameters={find_unused_parameters}.")
         key = (bucket_cap_mb, first_bucket_cap_mb)
         if not traces or key not in traces:
             have = sorted(traces or {}, key=str)
@@ -55,9 +69,11 @@ def player(bucket_cap_mb: float | None = 0.1, first_bucket_cap_mb: float | None 
     non_negative("alpha_us", alpha_us)
     if not bandwidth_gbs > 0:
         raise ValueError(f"bandwidth_gbs phải dương, nhận được {bandwidth_gbs!r}.")
-    params, order = demo_params()
-    tl = alpha_beta_timeline(params, limits, order, world_size=world_size, alpha=alpha_us * 1e-6,
-                             bandwidth=bandwidth_gbs * 1e9, batch=batch)
+    at = rebuild_step(setting)
+    kind = "initial" if at is None or step < at else "rebuilt"
+    tl = alpha_beta_timeline(params, setting.limits, order, world_size=world_size,
+                             alpha=alpha_us * 1e-6, bandwidth=bandwidth_gbs * 1e9, batch=batch,
+                             layout=layout, layout_kind=kind)
     return player_for(tl, presentation)
 
 
@@ -76,6 +92,9 @@ def controls(traces: dict | None = None):
         "bandwidth_gbs": w.FloatLogSlider(value=DEFAULT_BANDWIDTH / 1e9, base=10, min=-1,
                                           max=2, step=0.1, description="GB/s"),
         "world_size": w.IntSlider(value=DEFAULT_WORLD_SIZE, min=2, max=64, description="N"),
+        "step": w.Dropdown(options=[("bước 2 trở đi", 2), ("bước 1", 1)], value=2,
+                           description="bước"),
+        "find_unused_parameters": w.Checkbox(value=False, description="find_unused_parameters"),
         "presentation": w.Checkbox(value=False, description="trình chiếu"),
     }
     if traces:

@@ -6,6 +6,7 @@ recorded by ``dpbook.tracing.ddp_run``); every caption says which source its tim
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -57,14 +58,26 @@ def bucket_status(tl: Timeline, now: float) -> tuple[tuple[int, ...], tuple[Buck
 def build_frames(tl: Timeline) -> list[StepFrame]:
     """One frame before backward, one per layer whose gradients become ready, and a last frame
     with the whole timeline and the no-overlap baseline."""
-    frames = [_frame(tl, 0.0, None, "Trước backward: các bucket còn trống. "
-                     f"{len(tl.buckets)} bucket, xếp theo thứ tự gradient sẵn sàng "
-                     "(tầng cuối của lượt truyền xuôi có gradient trước).")]
+    frames = [_frame(tl, 0.0, None, "Trước backward: các bucket còn trống. " + _layout_words(tl))]
     prev = 0.0
     for span in tl.layers:
         frames.append(_frame(tl, span.end, span.name, _layer_caption(tl, span, prev)))
         prev = span.end
     return frames + [_frame(tl, tl.total, None, _final_caption(tl), final=True)]
+
+
+def _layout_words(tl: Timeline) -> str:
+    n = len(tl.buckets)
+    if tl.layout == "initial" and n == 1 and tl.buckets[0].limit == sys.maxsize:
+        return ("1 bucket ở bước 1: với find_unused_parameters=False và không có "
+                "bucket_cap_mb_list, DDP để mọi gradient trong một bucket cho tới khi ghi được "
+                "thứ tự thật, nên bước này không chồng lấp.")
+    if tl.layout == "initial":
+        return (f"{n} bucket của bước 1: DDP chưa biết thứ tự gradient, nên xếp theo thứ tự "
+                "khai báo tham số rồi đảo danh sách bucket (B0 giữ các tham số khai báo sau "
+                "cùng); với find_unused_parameters=True bố cục này giữ mãi.")
+    return (f"{n} bucket, xếp theo thứ tự gradient sẵn sàng mà DDP ghi ở bước 1 (tầng cuối của "
+            "lượt truyền xuôi có gradient trước).")
 
 
 def _frame(tl, now, layer, caption, final=False) -> StepFrame:

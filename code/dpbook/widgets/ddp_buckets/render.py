@@ -5,6 +5,7 @@ time axis; and the three-strategy comparison.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 
 from ... import vi
@@ -32,8 +33,7 @@ def render_frame(fr: StepFrame) -> str:
     tl = fr.timeline
     s = Svg(W, H, "Bucket của DDP và chồng lấp giao tiếp với backward")
     cap, first = tl.caps[1] / MIB, tl.caps[0] / MIB
-    s.text(20, 26, f"DDP: bucket_cap_mb = {vi.number(cap, 2)} MiB, bucket đầu {vi.number(first, 2)} MiB",
-           cls="t-big", anchor="start", weight="bold")
+    s.text(20, 26, _title(tl, cap, first), cls="t-big", anchor="start", weight="bold")
     colour = PALETTE["sky"] if tl.source == "alpha-beta" else PALETTE["orange"]
     s.rect(14, 42, 972, 28, fill=colour, stroke=colour, opacity=0.25)
     s.text(22, 57, tl.label, cls="t-small", anchor="start")
@@ -43,6 +43,18 @@ def render_frame(fr: StepFrame) -> str:
     return s.render()
 
 
+def _title(tl: Timeline, cap: float, first: float) -> str:
+    """The caps, and where the small one lands: on B0 once rebuilt, on the last bucket in the
+    first iteration (packed from the parameters declared first, then reversed)."""
+    text = f"DDP: bucket_cap_mb = {vi.number(cap, 2)} MiB"
+    if tl.layout == "initial" and all(b.limit == sys.maxsize for b in tl.buckets):
+        return text + "; bước 1: một bucket"
+    if first != cap:
+        where = "bucket cuối" if tl.layout == "initial" else "bucket đầu"
+        text += f", {where} {vi.number(first, 2)} MiB"
+    return text
+
+
 def _fits(text: str, width: float, px: float = 11.0) -> bool:
     """Conservative: ``px`` per character is about presentation mode's 18 px small text."""
     return len(text) * px <= width - 6
@@ -50,7 +62,8 @@ def _fits(text: str, width: float, px: float = 11.0) -> bool:
 
 def _draw_buckets(s: Svg, fr: StepFrame) -> None:
     tl = fr.timeline
-    s.text(20, Y_BUCKETS - 8, "Bucket theo thứ tự AllReduce (phần tô = gradient đã sẵn sàng):",
+    which = "bố cục bước 1" if tl.layout == "initial" else "bố cục đã dựng lại"
+    s.text(20, Y_BUCKETS - 8, f"Bucket theo thứ tự AllReduce, {which} (phần tô = gradient đã có):",
            cls="t", anchor="start")
     words = {"empty": "trống", "filling": "đang gom", "waiting": "chờ", "reducing": "AllReduce",
              "done": "✓ xong"}
