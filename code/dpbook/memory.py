@@ -34,6 +34,10 @@ unit: the ledger counts one, a lower bound.
 
 Activations are not state: they depend on batch size, sequence length and checkpointing, so
 the caller passes them as ``activation_bytes`` (the ledger does not guess them).
+
+A card (``Card``, ``CARDS``) is what the bytes are compared against: an "80 GB" card holds
+80 GiB, of which the driver reports a little less as the total and the process's CUDA context
+takes a little more; ``fits`` compares with what is left, ``Card.usable_bytes``.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .checks import int_at_least, non_negative, one_of
+from .style import GIB
 
 STRATEGIES = ("DDP", "NO_SHARD", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FULL_SHARD", "SHARD_GRAD_OP",
               "HYBRID_SHARD")
@@ -130,3 +135,94 @@ def _validate(num_params, world_size, strategy, phase, shard_size, gathered,
             f"{root!r}."
         )
     non_negative("activation_bytes", activation_bytes)
+
+
+# --- the cards: what "80 GB" holds, and how much of it PyTorch can allocate
+
+# A CUDA context with lazy module loading (PyTorch's default since 1.13): 287 047 680 B, against
+# 666 632 192 B when every module is loaded eagerly, as measured in PyTorch pull request #86509
+# ("Sets CUDA_MODULE_LOADING to LAZY when not set by the user"). A lower bound: the cuBLAS
+# workspace, NCCL's buffers and kernels loaded later come on top (``Job.headroom`` in 4.1.8).
+CUDA_CONTEXT_BYTES = 287_047_680
+# An H100 80GB as PyTorch's out-of-memory message reports it: "GPU 0 has a total capacity of
+# 79.11 GiB" (vllm-project/vllm issue #27508; the figure is cudaMemGetInfo's total, printed to
+# 0,01 GiB). The driver keeps the rest of the card's 80 GiB.
+H100_TOTAL_BYTES = round(79.11 * 2**30)
+
+
+@dataclass(frozen=True)
+class Card:
+    """A GPU's memory. ``marketed_gb`` is the number in the name ("80 GB"): the chips hold that
+    many GiB (2³⁰ B), ``capacity_bytes``. ``total_bytes`` is what ``torch.cuda.mem_get_info()``
+    reports as total (cudaMemGetInfo): the capacity less what the driver reserves. PyTorch can
+    allocate ``usable_bytes``: the total less the process's CUDA context. ``source`` says where
+    ``total_bytes`` comes from."""
+
+    name: str
+    marketed_gb: int
+    total_bytes: int
+    source: str
+    context_bytes: int = CUDA_CONTEXT_BYTES
+
+    def __post_init__(self):
+        int_at_least("marketed_gb", self.marketed_gb)
+        int_at_least("total_bytes", self.total_bytes)
+        int_at_least("context_bytes", self.context_bytes, 0)
+        if not self.context_bytes < self.total_bytes <= self.capacity_bytes:
+            raise ValueError(
+                f"Card {self.name!r}: cần context_bytes < total_bytes <= marketed_gb GiB "
+                f"({self.capacity_bytes} B); nhận được context_bytes={self.context_bytes}, "
+                f"total_bytes={self.total_bytes}.")
+
+    @property
+    def capacity_bytes(self) -> int:
+        """What the chips hold: the marketed number in GiB."""
+        return self.marketed_gb * GIB
+
+    @property
+    def driver_reserved_bytes(self) -> int:
+        return self.capacity_bytes - self.total_bytes
+
+    @property
+    def usable_bytes(self) -> int:
+        """What PyTorch can allocate: the reported total less the CUDA context."""
+        return self.total_bytes - self.context_bytes
+
+
+def _gib(x: float) -> int:
+    """A total as PyTorch's out-of-memory message prints it (GiB, two decimals), in bytes."""
+    return round(x * GIB)
+
+
+# The cards the book compares against, smallest first. The 80 GB line is the H100's figure
+# (an A100 80GB reports about the same); the H200's total is not a measurement: it applies the
+# H100's reported fraction (total / capacity) to 141 GiB.
+CARDS = (
+    Card("RTX 4090", 24, _gib(23.68),
+         "thông báo hết bộ nhớ của PyTorch trên RTX 4090, tổng 23,68 GiB "
+         "(github.com/zai-org/CogVideo/issues/36)"),
+    Card("A100 40GB", 40, _gib(39.50),
+         "thông báo hết bộ nhớ của PyTorch trên A100 40GB, tổng 39,50 GiB "
+         "(github.com/TianheWu/CoSeR/issues/10)"),
+    Card("H100 80GB", 80, H100_TOTAL_BYTES,
+         "thông báo hết bộ nhớ của PyTorch trên H100 80GB, tổng 79,11 GiB "
+         "(github.com/vllm-project/vllm/issues/27508)"),
+    Card("H200", 141, round(141 * GIB * H100_TOTAL_BYTES / (80 * GIB)),
+         "ước lượng: 141 GiB nhân tỷ lệ total / dung lượng mà H100 báo (chưa đo)"),
+)
+
+
+def card(name: str) -> Card:
+    """The card of ``CARDS`` called ``name``."""
+    names = {c.name: c for c in CARDS}
+    one_of("card", name, names)
+    return names[name]
+
+
+def fits(nbytes: float, gpu: Card) -> bool:
+    """Whether ``nbytes`` per rank fit in what PyTorch can allocate on ``gpu``."""
+    if not isinstance(gpu, Card):
+        raise ValueError(f"gpu phải là một memory.Card (ví dụ memory.card(\"H100 80GB\")), nhận "
+                         f"được {gpu!r}.")
+    non_negative("nbytes", nbytes)
+    return nbytes <= gpu.usable_bytes

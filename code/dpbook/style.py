@@ -1,5 +1,5 @@
-"""The book's look, shared by SVG widgets and matplotlib figures: one palette, one set of
-size constants, one list of GPU memory sizes."""
+"""The book's look, shared by SVG widgets and matplotlib figures: one palette and one set of
+size constants. The cards the book compares against are ``memory.CARDS``."""
 
 from __future__ import annotations
 
@@ -21,12 +21,10 @@ RANK_COLOURS = ["orange", "sky", "green", "purple", "blue", "vermillion", "yello
 SERIES = ("blue", "orange", "green", "purple", "sky")
 EDGE = "#333333"  # outline of bars and boxes
 
-# Decimal units (what GPU vendors and this book's GB mean) and binary ones (PyTorch's MiB).
+# Decimal units (this book's GB: 10⁹ B) and binary ones (PyTorch's MiB and GiB). A card's
+# "80 GB" is 80 GiB: see ``memory.Card``.
 KB, MB, GB = 1e3, 1e6, 1e9
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
-# Memory of the GPUs the book compares against, in GB as the vendors name them: RTX 3090/4090,
-# A100 40GB, A100/H100 80GB, H200.
-GPUS_GB = (24, 40, 80, 141)
 
 
 def rank_colour(rank: int) -> str:

@@ -88,3 +88,53 @@ def test_zero1_shards_only_the_optimizer_state():
 def test_gathered_units_are_checked(kwargs):
     with pytest.raises(ValueError, match="root_unit_params"):
         memory.vram_ledger(1000, 2, "FULL_SHARD", **kwargs)
+
+
+def test_a_card_is_its_gib_less_the_drivers_share_and_the_cuda_context():
+    h100 = memory.card("H100 80GB")
+    assert h100.capacity_bytes == 80 * 2**30 == 85_899_345_920  # "80 GB" on the label is 80 GiB
+    assert h100.total_bytes == round(79.11 * 2**30)  # PyTorch's OOM message on an H100: 79.11 GiB
+    assert round(h100.total_bytes / 2**30, 2) == 79.11
+    assert h100.driver_reserved_bytes == h100.capacity_bytes - h100.total_bytes > 0
+    assert h100.context_bytes == memory.CUDA_CONTEXT_BYTES == 287_047_680  # PyTorch PR #86509
+    assert h100.usable_bytes == round(79.11 * 2**30) - 287_047_680
+    assert round(h100.usable_bytes / 80e9 - 1, 2) == 0.06  # what "80 GB = 80e9 B" understates
+
+
+def test_the_cards_are_sorted_and_sourced():
+    cards = memory.CARDS
+    assert [c.name for c in cards] == ["RTX 4090", "A100 40GB", "H100 80GB", "H200"]
+    assert [c.marketed_gb for c in cards] == [24, 40, 80, 141]
+    assert [c.usable_bytes for c in cards] == sorted(c.usable_bytes for c in cards)
+    assert all(c.context_bytes < c.total_bytes <= c.capacity_bytes and c.source for c in cards)
+    assert "ước lượng" in memory.card("H200").source  # not a measurement: said so
+    assert round(memory.card("A100 40GB").total_bytes / 2**30, 2) == 39.5
+
+
+def test_fits_compares_with_what_pytorch_can_allocate():
+    gpu = memory.card("A100 40GB")
+    assert memory.fits(gpu.usable_bytes, gpu) and not memory.fits(gpu.usable_bytes + 1, gpu)
+    assert not memory.fits(40 * 2**30, gpu)  # the whole 40 GiB is not for PyTorch
+    assert memory.fits(40e9, gpu)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"marketed_gb": 0}, "marketed_gb"),
+    ({"total_bytes": 81 * 2**30}, "total_bytes"),
+    ({"context_bytes": 90 * 2**30}, "context_bytes"),
+    ({"total_bytes": 1.5}, "total_bytes"),
+])
+def test_bad_cards_are_refused_in_vietnamese(kwargs, match):
+    args = {"name": "x", "marketed_gb": 80, "total_bytes": 85 * 10**9, "source": "thử"} | kwargs
+    with pytest.raises(ValueError, match=match) as err:
+        memory.Card(**args)
+    assert any(w in str(err.value) for w in ("phải", "cần"))
+
+
+def test_card_lookup_and_fits_reject_what_is_not_a_card():
+    with pytest.raises(ValueError, match="card"):
+        memory.card("H100")
+    with pytest.raises(ValueError, match="memory.Card"):
+        memory.fits(1, 80)
+    with pytest.raises(ValueError, match="nbytes"):
+        memory.fits(-1, memory.card("H200"))

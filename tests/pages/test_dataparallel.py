@@ -119,6 +119,19 @@ def test_dp_memory_floor():
         dataparallel.dp_memory_floor(0)
 
 
+def test_dp_largest_model_fills_gpu0_of_the_card():
+    from dpbook import memory
+
+    h100 = memory.card("H100 80GB")
+    p = dataparallel.dp_largest_model(h100)
+    assert p == dataparallel.dp_largest_model("H100 80GB") == h100.usable_bytes // 16
+    assert dataparallel.dp_memory_floor(p)["gpu0"] <= h100.usable_bytes
+    assert dataparallel.dp_memory_floor(p + 1)["gpu0"] > h100.usable_bytes
+    assert dataparallel.dp_largest_model(h100, "fp32", "sgd") == h100.usable_bytes // 8
+    with pytest.raises(ValueError, match="card"):
+        dataparallel.dp_largest_model("H100")
+
+
 def test_gpu_model_size():
     assert models.num_params(models.build_mlp(**dataparallel.GPU_MODEL)) == 33_571_840
 

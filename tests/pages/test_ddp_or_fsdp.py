@@ -5,11 +5,18 @@ from dpbook.pages import ddp_or_fsdp
 from dpbook import costs, launch, memory, shapes
 
 GB = 1e9
+H100, A100 = memory.card("H100 80GB"), memory.card("A100 40GB")
 
 
-def _llm(key, nodes, gpu_gb=80.0, act=20.0):
+def _card(usable_gb):
+    """A made-up card on which PyTorch can allocate exactly ``usable_gb`` GB."""
+    return memory.Card(f"thử {usable_gb}", 200, round(usable_gb * GB) + memory.CUDA_CONTEXT_BYTES,
+                       "thẻ giả định cho kiểm thử")
+
+
+def _llm(key, nodes, gpu=H100, act=20.0):
     p = shapes.presets()[key]
-    return ddp_or_fsdp.Job(p.num_params, gpu_gb, 8, nodes, activation_gb=act,
+    return ddp_or_fsdp.Job(p.num_params, gpu, 8, nodes, activation_gb=act,
                            largest_unit_params=p.largest_unit, root_unit_params=p.root_unit,
                            name=key)
 
@@ -21,7 +28,7 @@ def test_resnet50_parameter_count_is_torchvisions():
 
 
 def test_small_model_gets_ddp():
-    job = ddp_or_fsdp.Job(ddp_or_fsdp.resnet50_num_params(), 40, 8, 1, "fp32", "sgd_momentum", 20)
+    job = ddp_or_fsdp.Job(ddp_or_fsdp.resnet50_num_params(), A100, 8, 1, "fp32", "sgd_momentum", 20)
     rec = ddp_or_fsdp.recommend(job)
     assert rec.choice == "DDP"
     assert set(rec.options) == {"DDP", "ZeRO-1", "SHARD_GRAD_OP", "FULL_SHARD"}
@@ -51,7 +58,7 @@ def test_7b_on_one_node_climbs_to_the_first_rung_that_fits():
 def test_the_in_node_rungs_are_tried_in_order():
     p = 10**9  # Adam, mixed: DDP 16 GB, ZeRO-1 4 + 12/8 = 5.5, SHARD_GRAD_OP 2 + 14/8 = 3.75
     def choice(gpu_gb, **kw):
-        return ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, gpu_gb, 8, 1, headroom=0, **kw))
+        return ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, _card(gpu_gb), 8, 1, headroom=0, **kw))
     assert choice(16).choice == "DDP"
     assert choice(5.5).choice == "ZeRO-1"
     assert choice(5).choice == "SHARD_GRAD_OP"
@@ -82,15 +89,27 @@ def test_70b_on_four_nodes_needs_full_shard_and_on_one_node_nothing_fits():
 
 def test_headroom_and_activations_decide_the_edge():
     p = 10**9  # 16 GB of Adam state
-    assert ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, 20, 8, 1, headroom=0.1)).choice == "DDP"  # 16 <= 18
-    assert ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, 20, 8, 1, headroom=0.25)).choice == "ZeRO-1"
-    assert ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, 20, 8, 1, activation_gb=3)).choice == "ZeRO-1"
+    gpu = _card(20)
+    assert ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, gpu, 8, 1, headroom=0.1)).choice == "DDP"  # 16 <= 18
+    assert ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, gpu, 8, 1, headroom=0.25)).choice == "ZeRO-1"
+    assert ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, gpu, 8, 1, activation_gb=3)).choice == "ZeRO-1"
+
+
+def test_capacity_is_what_pytorch_can_allocate_on_the_card_less_the_headroom():
+    job = _llm("llama-13b", 2, gpu=A100, act=10)
+    assert job.capacity_bytes == pytest.approx(0.9 * (A100.total_bytes - memory.CUDA_CONTEXT_BYTES))
+    # "40 GB" is 40 GiB: HYBRID_SHARD (37.2 GB) fits in 37.9 GB; it would not in 0.9 x 40e9 = 36e9
+    rec = ddp_or_fsdp.recommend(job)
+    assert rec.choice == "HYBRID_SHARD"
+    assert 36 * GB < rec.options["HYBRID_SHARD"].memory_bytes <= job.capacity_bytes
+    assert round(_llm("llama-7b", 1).capacity_bytes / GB, 1) == 76.2
+    assert "H100 80GB" in ddp_or_fsdp.decision_html([rec, ddp_or_fsdp.recommend(_llm("llama-7b", 1))])
 
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"num_params": 0}, "num_params"),
-    ({"gpu_memory_gb": 0}, "gpu_memory_gb"),
-    ({"gpu_memory_gb": -1}, "gpu_memory_gb"),
+    ({"gpu": 80}, "memory.Card"),
+    ({"gpu": "H100 80GB"}, "memory.Card"),
     ({"gpus_per_node": 0}, "gpus_per_node"),
     ({"nodes": 1.5}, "nodes"),
     ({"precision": "fp8"}, "precision"),
@@ -102,14 +121,14 @@ def test_headroom_and_activations_decide_the_edge():
     ({"headroom": 1.0}, "headroom"),
 ])
 def test_job_rejects_bad_values_in_vietnamese(kwargs, match):
-    base = {"num_params": 10**9, "gpu_memory_gb": 80}
+    base = {"num_params": 10**9, "gpu": H100}
     with pytest.raises(ValueError, match=match) as err:
         ddp_or_fsdp.Job(**(base | kwargs))
     assert any(w in str(err.value) for w in ("phải", "không hợp lệ"))
 
 
 def test_price_rejects_hybrid_on_one_node_and_unknown_strategies():
-    job = ddp_or_fsdp.Job(10**9, 80)
+    job = ddp_or_fsdp.Job(10**9, H100)
     with pytest.raises(ValueError, match="HYBRID_SHARD cần ít nhất 2 node"):
         ddp_or_fsdp.price(job, "HYBRID_SHARD")
     with pytest.raises(ValueError, match="strategy"):
@@ -120,13 +139,13 @@ def test_tables_list_every_option_and_escape_names():
     recs = [ddp_or_fsdp.recommend(_llm("llama-7b", 4)), ddp_or_fsdp.recommend(_llm("llama-70b", 1))]
     crit = ddp_or_fsdp.criteria_html(recs[0])
     resnet = ddp_or_fsdp.criteria_html(ddp_or_fsdp.recommend(
-        ddp_or_fsdp.Job(25_557_032, 40, precision="fp32", optimizer="sgd_momentum")))
+        ddp_or_fsdp.Job(25_557_032, A100, precision="fp32", optimizer="sgd_momentum")))
     for text in ("12P/N + gốc và một khối đầy đủ + activation", "8P + 4P/N", "4P + 8P/N"):
         assert text in resnet
     for text in ("16P/S + gốc và một khối đầy đủ + activation", "4P + 12P/N", "ZeroRedundancyOptimizer", "Độ phức tạp mã nguồn", "Quy mô phù hợp", "3(N−1)/N · Ψ", "FSDP HYBRID_SHARD",
                  "Lượng ra khỏi mỗi node"):
         assert text in crit
-    table = ddp_or_fsdp.decision_html(recs + [ddp_or_fsdp.recommend(ddp_or_fsdp.Job(10, 1, name="<x>"))])
+    table = ddp_or_fsdp.decision_html(recs + [ddp_or_fsdp.recommend(ddp_or_fsdp.Job(10, _card(1), name="<x>"))])
     assert "&lt;x&gt;" in table and "không phương án nào vừa" in table
     assert "1 123,6 ✗" in table  # LLaMA-70B under DDP, Vietnamese decimal comma
     assert "127,8 GB" in recs[0].reason
@@ -148,7 +167,7 @@ def test_compare_run_matches_the_table():
     for r in results:
         ddp, fsdp = r["DDP"], r["FSDP2 reshard_after_forward=True"]
         p = ddp["num_params"]
-        job = ddp_or_fsdp.Job(p, 1, 2, 1, "fp32", "adam")
+        job = ddp_or_fsdp.Job(p, H100, 2, 1, "fp32", "adam")
         rec = ddp_or_fsdp.recommend(job)
         assert ddp["volume"].total == rec.options["DDP"].sent_bytes
         assert fsdp["volume"].total == rec.options["FULL_SHARD"].sent_bytes == 1.5 * ddp["volume"].total

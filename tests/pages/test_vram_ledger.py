@@ -15,26 +15,45 @@ def test_zero_stages_reproduce_the_paper():
     assert [round(led.state / GB, 1) for led in z.values()] == [120.0, 31.4, 16.6, 1.9]
 
 
-@pytest.mark.parametrize("gpu, n, strategy, expected", [
-    (80, 8, "DDP", 5_000_000_000), (24, 64, "DDP", 1_500_000_000),
-    (80, 64, "ZeRO-3", 320_000_000_000), (141, 8, "ZeRO-3", 70_500_000_000),
+H100_USABLE = round(79.11 * 2**30) - 287_047_680  # the total PyTorch reports on an H100, less the context
+
+
+@pytest.mark.parametrize("name, n, strategy, expected", [
+    ("H100 80GB", 8, "DDP", H100_USABLE // 16), ("H100 80GB", 64, "ZeRO-3", H100_USABLE * 64 // 16),
+    ("RTX 4090", 64, "DDP", memory.card("RTX 4090").usable_bytes // 16),
+    ("H200", 8, "ZeRO-3", memory.card("H200").usable_bytes * 8 // 16),
 ])
-def test_max_params_is_the_largest_model_that_fits(gpu, n, strategy, expected):
+def test_max_params_is_the_largest_model_that_fits(name, n, strategy, expected):
+    gpu = memory.card(name)
     p = vram_ledger.max_params(gpu, n, strategy)
     assert p == expected
-    assert memory.vram_ledger(p + 1, n, strategy, precision="mixed").state > gpu * GB
+    assert memory.fits(memory.vram_ledger(p, n, strategy, precision="mixed").state, gpu)
+    assert not memory.fits(memory.vram_ledger(p + 1, n, strategy, precision="mixed").state, gpu)
+
+
+def test_an_80_gb_card_holds_6_percent_more_than_80e9_bytes_would():
+    p = vram_ledger.max_params(memory.card("H100 80GB"), 8, "DDP")
+    assert p == 5_291_041_751 and round(p / (80 * GB / 16) - 1, 2) == 0.06
 
 
 def test_max_params_fits_exactly_for_uneven_division():
-    p = vram_ledger.max_params(24, 64, "ZeRO-1")  # 4 + 12/64 bytes per parameter
-    assert memory.vram_ledger(p, 64, "ZeRO-1", precision="mixed").state <= 24 * GB
-    assert memory.vram_ledger(p + 1, 64, "ZeRO-1", precision="mixed").state > 24 * GB
+    gpu = memory.card("RTX 4090")
+    p = vram_ledger.max_params(gpu, 64, "ZeRO-1")  # 4 + 12/64 bytes per parameter
+    assert memory.vram_ledger(p, 64, "ZeRO-1", precision="mixed").state <= gpu.usable_bytes
+    assert memory.vram_ledger(p + 1, 64, "ZeRO-1", precision="mixed").state > gpu.usable_bytes
 
 
-@pytest.mark.parametrize("kwargs", [{"gpu_gb": 0}, {"gpu_gb": True}, {"strategy": "ZeRO-4"},
+def test_cards_table_states_each_step_from_label_to_usable():
+    text = vram_ledger.cards_table()
+    assert [c.name for c in vram_ledger.CARDS] == ["RTX 4090", "H100 80GB", "H200"]
+    line = next(ln for ln in text.splitlines() if ln.startswith("H100 80GB"))
+    assert line.split() == ["H100", "80GB", "80", "GB", "80,00", "79,11", "274", "78,84", "84,66"]
+
+
+@pytest.mark.parametrize("kwargs", [{"gpu": 80}, {"gpu": True}, {"strategy": "ZeRO-4"},
                                     {"precision": "fp8"}, {"world_size": 0}])
 def test_max_params_rejects_bad_inputs(kwargs):
-    args = {"gpu_gb": 80, "world_size": 8, "strategy": "DDP"} | kwargs
+    args = {"gpu": memory.card("H100 80GB"), "world_size": 8, "strategy": "DDP"} | kwargs
     with pytest.raises(ValueError, match="phải|không hợp lệ"):
         vram_ledger.max_params(**args)
 
@@ -64,7 +83,11 @@ def test_stacked_bars_draws_each_kind_and_each_card():
     fig = vram_ledger.stacked_bars(z, title="t")
     ax = fig.axes[0]
     assert len(ax.patches) == 3 * 4  # three kinds of state, four bars
-    assert sorted(line.get_ydata()[0] for line in ax.get_lines()) == [24, 80, 141]
+    lines = sorted(line.get_ydata()[0] for line in ax.get_lines())
+    assert lines == [c.usable_bytes / GB for c in vram_ledger.CARDS]
+    assert [round(y, 1) for y in lines] == [25.1, 84.7, 149.4]
+    assert "H100 80GB: 84,7 GB dùng được" in [t.get_text() for t in ax.texts]
+    assert "10⁹" in ax.get_ylabel()
     heights = sum(p.get_height() for p in ax.patches)
     assert heights == pytest.approx(sum(led.state for led in z.values()) / GB)
 

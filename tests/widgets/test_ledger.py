@@ -76,7 +76,8 @@ def test_llama_7b_mixed_adam_fit_verdicts():
     ddp = by_n[8]["DDP"]
     assert ddp.ledger.total == 16 * LLAMA_7B  # 2 + 2 + 12 bytes per parameter
     assert round(ddp.ledger.total / GB, 1) == 107.8
-    assert ddp.fits == (False, False, False, True)  # 24, 40, 80 no; 141 GB yes
+    assert [c.name for c in memory.CARDS] == ["RTX 4090", "A100 40GB", "H100 80GB", "H200"]
+    assert ddp.fits == (False, False, False, True)  # RTX 4090, A100 40GB, H100 80GB no; H200 yes
     full = by_n[8]["FULL_SHARD"]
     # phase="step" (the default): 16 P / N, plus the gathered bf16 layer being computed and the
     # root unit (embedding, norm, head), unsharded for the whole step
@@ -84,17 +85,21 @@ def test_llama_7b_mixed_adam_fit_verdicts():
     assert full.ledger.state == 16 * LLAMA_7B / 8 + 2 * (pre.largest_unit + pre.root_unit) * 7 / 8
     assert all(full.fits)  # 14.3 GB per rank, even on 24 GB
     assert by_n[2]["FULL_SHARD"].fits == (False, False, True, True)
-    assert ledger.verdict(ddp) == "DDP cần 108 GB/rank, chỉ vừa GPU 141 GB"
+    assert ledger.verdict(ddp) == "DDP cần 108 GB/rank, chỉ vừa H200"
     assert ledger.verdict(full) == "FULL_SHARD cần 14,3 GB/rank, vừa mọi GPU"
-    assert ledger.verdict(by_n[4]["ZeRO-1"]) == "ZeRO-1 cần 47,2 GB/rank, vừa GPU từ 80 GB trở lên"
+    assert ledger.verdict(by_n[4]["ZeRO-1"]) == "ZeRO-1 cần 47,2 GB/rank, vừa từ H100 80GB trở lên"
+    # ZeRO-2 on 8 GPUs: 25,3 GB, just above the 25,1 GB PyTorch can allocate on an RTX 4090
+    assert by_n[8]["ZeRO-2"].fits == (False, True, True, True)
     big = ledger.ledger_frames("llama-70b", world_sizes=(8,))[0].bars[0]
     assert ledger.verdict(big).endswith("không vừa GPU nào")
-    assert "DDP cần 108 GB/rank, chỉ vừa GPU 141 GB" in ledger.ledger_frames("llama-7b")[3].caption
+    assert "DDP cần 108 GB/rank, chỉ vừa H200" in ledger.ledger_frames("llama-7b")[3].caption
 
 
-def test_fits_is_a_plain_comparison_in_decimal_gb():
-    assert ledger.fits(80e9, (80,)) == (True,)
-    assert ledger.fits(80e9 + 1, (80,)) == (False,)
+def test_fits_compares_with_what_pytorch_can_allocate_on_each_card():
+    h100 = memory.card("H100 80GB")
+    assert ledger.fits(h100.usable_bytes, (h100,)) == (True,)
+    assert ledger.fits(h100.usable_bytes + 1, (h100,)) == (False,)
+    assert ledger.fits(82e9, (h100,)) == (True,)  # more than 80e9 B: "80 GB" is 80 GiB
 
 
 def test_hybrid_shard_group_is_capped_by_the_world():
@@ -114,7 +119,7 @@ def test_hybrid_shard_group_is_capped_by_the_world():
     ({"world_sizes": (0,)}, "world_size"),
     ({"precision": "fp8"}, "precision"),
     ({"activation_bytes": -1}, "activation_bytes"),
-    ({"gpus_gb": (80, 0)}, "GPU"),
+    ({"cards": (memory.card("H200"), 80)}, "cards"),
 ])
 def test_bad_inputs_say_what_is_allowed(kwargs, word):
     with pytest.raises(ValueError, match=word) as err:
@@ -134,12 +139,14 @@ def test_svg_is_valid_and_vietnamese():
         assert unicodedata.is_normalized("NFC", svg) and unicodedata.is_normalized("NFC", f.caption)
         texts = _texts(svg)
         for label in ("tham số", "gradient", "trạng thái bộ tối ưu", "activation", "GB mỗi rank",
-                      "✓ vừa", "24 GB", "Vừa GPU?"):
+                      "✓ vừa", "RTX 4090", "Vừa GPU?"):
             assert label in texts, label
     # a 70B model on 2 GPUs: bars broken at the top of the axis, totals written above them
     frames = ledger.ledger_frames("llama-70b")
     texts = _texts(render.render(frames[1], render.axis_top(frames)))
-    assert "↑ 1104 GB" in texts and "✗ không" in texts and "141 GB" in texts
+    assert "↑ 1104 GB" in texts and "✗ không" in texts and "H200" in texts
+    # each card's line: its name above, what PyTorch can allocate there (GB) below
+    assert "H100 80GB" in texts and "84,7 GB" in texts and "25,1 GB" in texts
 
 
 def test_player_builds_fast_for_the_largest_setting():

@@ -35,7 +35,7 @@ from ..data import rank_batch
 from ..launch import spawn
 from ..measure import peak_memory, time_steps
 from ..costs import rooted_bytes
-from ..memory import bytes_per_param
+from ..memory import Card, bytes_per_param, card, fits
 from ..models import build_mlp, num_params
 from ..train import apply_ddp, train_step
 from ..widgets.dp_vs_ddp import traffic_totals
@@ -203,6 +203,18 @@ def dp_memory_floor(num_params: int, precision: str = "fp32", optimizer: str = "
     int_at_least("num_params", num_params)
     p, g, o = bytes_per_param(precision, optimizer)
     return {"gpu0": num_params * (p + g + o), "other": num_params * (p + g)}
+
+
+def dp_largest_model(gpu: Card | str = "H100 80GB", precision: str = "fp32",
+                     optimizer: str = "adam") -> int:
+    """The largest parameter count whose ``dp_memory_floor`` on GPU 0 fits in what PyTorch can
+    allocate on ``gpu`` (a ``memory.Card`` or the name of one of ``memory.CARDS``)."""
+    gpu = card(gpu) if isinstance(gpu, str) else gpu
+    per_param = sum(bytes_per_param(precision, optimizer))
+    p = int(gpu.usable_bytes // per_param)
+    while p and not fits(dp_memory_floor(p, precision, optimizer)["gpu0"], gpu):
+        p -= 1
+    return p
 
 
 # ------------------------------------------------------------------ DP's step, on the CPU

@@ -17,8 +17,10 @@ ladder of the decision rule (``LADDER``, the page's "Quy tắc quyết định")
 
 Memory is taken at ``phase="step"``: FSDP then also holds the full parameters of the layer it is
 computing (``largest_unit_params``) and of the root unit (``root_unit_params``), and
-SHARD_GRAD_OP every parameter. A ``headroom`` fraction of each GPU is kept free for the CUDA
-context, allocator fragmentation and communication buffers.
+SHARD_GRAD_OP every parameter. A GPU is a ``memory.Card``: of an "80 GB" card (80 GiB) PyTorch
+can allocate ``Card.usable_bytes``, what the driver reports less the CUDA context; a
+``headroom`` fraction of that is kept free for allocator fragmentation, communication buffers
+and library workspaces.
 
 Traffic uses ``Psi = comm_bytes``: 2 bytes per parameter in mixed precision, which is what DDP
 sends with a 16-bit compression hook and FSDP with ``reduce_dtype=torch.bfloat16``; with DDP
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field, replace
 
 from .. import costs, memory, vi
 from ..checks import int_at_least, non_negative, one_of
+from ..memory import Card
 from ..style import GB
 
 CANDIDATES = ("DDP", "ZeRO-1", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
@@ -44,17 +47,17 @@ LADDER = ("DDP",) + IN_NODE + ("HYBRID_SHARD", "FULL_SHARD")
 
 @dataclass(frozen=True)
 class Job:
-    """A training job: ``num_params`` on ``nodes`` x ``gpus_per_node`` GPUs of ``gpu_memory_gb``."""
+    """A training job: ``num_params`` on ``nodes`` x ``gpus_per_node`` cards ``gpu``."""
 
     num_params: int
-    gpu_memory_gb: float
+    gpu: Card
     gpus_per_node: int = 8
     nodes: int = 1
     precision: str = "mixed"
     optimizer: str = "adam"
-    activation_gb: float = 0.0  # activations and temporaries per GPU, an allowance the caller picks
+    activation_gb: float = 0.0  # GB (10⁹ B) of activations per GPU, an allowance the caller picks
     largest_unit_params: int = 0  # the biggest layer unit (one Transformer layer)
-    headroom: float = 0.1  # fraction of each GPU kept free
+    headroom: float = 0.1  # fraction of what PyTorch can allocate that is kept free
     name: str = ""
     root_unit_params: int = 0  # what the root unit keeps: embeddings, final norm, head
 
@@ -65,9 +68,10 @@ class Job:
         one_of("precision", self.precision, memory.PRECISIONS)
         one_of("optimizer", self.optimizer, memory.OPTIMIZERS)
         non_negative("activation_gb", self.activation_gb)
-        non_negative("gpu_memory_gb", self.gpu_memory_gb)
-        if self.gpu_memory_gb == 0:
-            raise ValueError("gpu_memory_gb phải dương (dung lượng một GPU, tính bằng GB), nhận được 0.")
+        if not isinstance(self.gpu, Card):
+            raise ValueError(f"gpu phải là một memory.Card (ví dụ memory.card(\"H100 80GB\"); các "
+                             f"card có sẵn: {[c.name for c in memory.CARDS]}), nhận được "
+                             f"{self.gpu!r}.")
         for name in ("largest_unit_params", "root_unit_params"):
             if not 0 <= getattr(self, name) <= self.num_params:
                 raise ValueError(f"{name} phải nằm trong [0, num_params], nhận được "
@@ -85,8 +89,9 @@ class Job:
 
     @property
     def capacity_bytes(self) -> float:
-        """What one GPU may hold for training state and activations."""
-        return self.gpu_memory_gb * GB * (1 - self.headroom)
+        """What one GPU may hold for training state and activations: what PyTorch can allocate
+        on the card, less the headroom."""
+        return self.gpu.usable_bytes * (1 - self.headroom)
 
     @property
     def comm_bytes(self) -> int:
@@ -313,15 +318,16 @@ def decision_html(recs: list[Recommendation]) -> str:
         return "—" if o is None else _gb(o.memory_bytes) + ("" if o.fits else " ✗")
 
     rows = [[r.job.name,
-             f"{r.job.nodes} × {r.job.gpus_per_node} × {vi.general(r.job.gpu_memory_gb)} GB",
+             f"{r.job.nodes} × {r.job.gpus_per_node} × {r.job.gpu.name}",
              _gb(r.job.capacity_bytes)] + [mem(r, c) for c in CANDIDATES]
             + [_LABELS.get(r.choice, "không phương án nào vừa")] for r in recs]
-    return _table(["Trường hợp", "node × GPU × VRAM", "dùng được (GB)"]
+    return _table(["Trường hợp", "node × GPU", "dùng được (GB)"]
                   + [f"{c} (GB)" for c in CANDIDATES] + ["Lựa chọn"], rows)
 
 
 def memory_figure(job: Job, world_sizes=(1, 2, 4, 8, 16, 32, 64)):
-    """Bytes per GPU against the number of GPUs for DDP and FULL_SHARD, with the GPU's capacity."""
+    """Bytes per GPU against the number of GPUs for DDP and FULL_SHARD, with what PyTorch can
+    allocate on the card and what the job lets itself use (GB of 10⁹ B throughout)."""
     import matplotlib.pyplot as plt
 
     from ..style import PALETTE
@@ -331,8 +337,9 @@ def memory_figure(job: Job, world_sizes=(1, 2, 4, 8, 16, 32, 64)):
     fig, ax = plt.subplots(figsize=(10.5, 4.5))
     ax.plot(world_sizes, ys["DDP"], "o-", color=PALETTE["vermillion"], label="DDP")
     ax.plot(world_sizes, ys["FULL_SHARD"], "s-", color=PALETTE["blue"], label="FSDP FULL_SHARD")
-    ax.axhline(job.gpu_memory_gb, color=PALETTE["black"], lw=1.5,
-               label=f"VRAM một GPU: {vi.general(job.gpu_memory_gb)} GB")
+    ax.axhline(job.gpu.usable_bytes / GB, color=PALETTE["black"], lw=1.5,
+               label=f"{job.gpu.name}: PyTorch cấp phát được "
+                     f"{vi.number(job.gpu.usable_bytes / GB, 1)} GB")
     ax.axhline(job.capacity_bytes / GB, color=PALETTE["grey"], ls="--",
                label=f"dùng được (để trống {vi.percent(job.headroom, 0)})")
     if job.activation_gb:
@@ -342,7 +349,7 @@ def memory_figure(job: Job, world_sizes=(1, 2, 4, 8, 16, 32, 64)):
     ax.set_xscale("log", base=2)
     ax.set_xticks(world_sizes, [str(n) for n in world_sizes])
     ax.set_xlabel("số GPU N")
-    ax.set_ylabel("bộ nhớ mỗi GPU (GB)")
+    ax.set_ylabel("bộ nhớ mỗi GPU (GB, 10⁹ byte)")
     ax.set_title(f"{job.name}: bộ nhớ mỗi GPU (trạng thái, đơn vị gom về, activation)", loc="left")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: the curves fill the axes
     ax.grid(alpha=0.3)

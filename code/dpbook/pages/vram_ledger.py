@@ -6,7 +6,8 @@
   to show what the bucket buffers cost.
 * ``compare_rows`` / ``comparison_table``: measured state bytes beside ``memory.vram_ledger``.
 * ``zero_stages``, ``max_params``: the ZeRO formulas for a model and the largest model a card
-  holds; ``stacked_bars``: the per-GPU figure with the cards' capacities as lines.
+  (``memory.Card``) holds; ``stacked_bars``: the per-GPU figure with, as lines, what PyTorch can
+  allocate on each card; ``cards_table``: how "80 GB" becomes that number.
 
 Every number comes from ``memory.vram_ledger``; nothing here has a formula of its own.
 """
@@ -17,13 +18,14 @@ from dataclasses import dataclass
 
 from .. import style, vi
 from ..checks import int_at_least, one_of
-from ..memory import PRECISIONS, STRATEGIES, Ledger, vram_ledger
-from ..style import GB
+from ..memory import CARDS as ALL_CARDS
+from ..memory import PRECISIONS, STRATEGIES, Card, Ledger, fits, vram_ledger
+from ..style import GB, GIB
 from ..train import Parallel
 from ..widgets import ledger
 
 # 4.1.7 compares three cards: the book's list without the A100 40GB.
-GPUS_GB = tuple(g for g in style.GPUS_GB if g != 40)
+CARDS = tuple(c for c in ALL_CARDS if c.name != "A100 40GB")
 ZERO_STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
 # (name shown, how to wrap, the ledger strategy it realises at rest)
 # (name shown, wrapping); the ledger strategy each realises is ``Parallel.ledger_strategy``.
@@ -119,29 +121,48 @@ def zero_stages(num_params: int, world_size: int, precision: str = "mixed",
             for s in ZERO_STAGES}
 
 
-def max_params(gpu_gb: float, world_size: int, strategy: str, precision: str = "mixed",
+def max_params(gpu: Card, world_size: int, strategy: str, precision: str = "mixed",
                optimizer: str = "adam") -> int:
-    """The largest parameter count whose state (no activations) fits in ``gpu_gb`` GB per rank."""
+    """The largest parameter count whose state (no activations) fits in what PyTorch can
+    allocate on ``gpu`` (``memory.fits``), per rank."""
     one_of("strategy", strategy, STRATEGIES)
     one_of("precision", precision, PRECISIONS)
-    if not isinstance(gpu_gb, (int, float)) or isinstance(gpu_gb, bool) or gpu_gb <= 0:
-        raise ValueError(f"gpu_gb phải là số GB dương, nhận được {gpu_gb!r}.")
+    if not isinstance(gpu, Card):
+        raise ValueError(f"gpu phải là một memory.Card (ví dụ memory.card(\"H100 80GB\")), nhận "
+                         f"được {gpu!r}.")
+
+    def state(p: int) -> float:
+        return vram_ledger(p, world_size, strategy, precision=precision,
+                           optimizer=optimizer).state
+
     # state is linear in num_params: one parameter's bytes per rank, then divide
-    per_param = vram_ledger(1, world_size, strategy, precision=precision,
-                            optimizer=optimizer).state
-    p = int(gpu_gb * GB / per_param)
-    while vram_ledger(p + 1, world_size, strategy, precision=precision,
-                      optimizer=optimizer).state <= gpu_gb * GB:  # float rounding guard
+    p = int(gpu.usable_bytes / state(1))
+    while fits(state(p + 1), gpu):  # float rounding guard
         p += 1
-    while p and vram_ledger(p, world_size, strategy, precision=precision,
-                            optimizer=optimizer).state > gpu_gb * GB:
+    while p and not fits(state(p), gpu):
         p -= 1
     return p
 
 
-def stacked_bars(ledgers: dict[str, Ledger], gpus_gb=GPUS_GB, title: str = ""):
-    """Per-GPU memory as stacked bars (one per strategy), with each card's capacity as a
-    dashed line; Vietnamese labels. Returns the matplotlib ``Figure``."""
+def cards_table(cards=ALL_CARDS) -> str:
+    """An aligned plain-text table: each card's marketed size, what its chips hold (GiB), the
+    total the driver reports, the CUDA context, and what is left for PyTorch, in GiB and GB."""
+    def gib(n: float) -> str:
+        return vi.number(n / GIB, 2)
+
+    head = (f"{'card':<11}{'tên ghi':>8}{'chip (GiB)':>12}{'total (GiB)':>13}"
+            f"{'context (MiB)':>15}{'dùng được (GiB)':>17}{'(GB)':>8}")
+    lines = [head, "-" * len(head)]
+    for c in cards:
+        lines.append(f"{c.name:<11}{str(c.marketed_gb) + ' GB':>8}{gib(c.capacity_bytes):>12}"
+                     f"{gib(c.total_bytes):>13}{vi.number(c.context_bytes / 2**20, 0):>15}"
+                     f"{gib(c.usable_bytes):>17}{vi.number(c.usable_bytes / GB, 2):>8}")
+    return "\n".join(lines)
+
+
+def stacked_bars(ledgers: dict[str, Ledger], cards=CARDS, title: str = ""):
+    """Per-GPU memory as stacked bars (one per strategy), with what PyTorch can allocate on each
+    card as a dashed line; GB (10⁹ B) throughout, Vietnamese labels. Returns the ``Figure``."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.8))
@@ -156,12 +177,13 @@ def stacked_bars(ledgers: dict[str, Ledger], gpus_gb=GPUS_GB, title: str = ""):
     for i, total in enumerate(base):
         ax.text(i, total + 1.5, f"{vi.number(total, 1)} GB", ha="center",
                 fontweight="bold")
-    for g in gpus_gb:
+    for c in cards:
+        g = c.usable_bytes / GB
         ax.axhline(g, color=style.PALETTE["vermillion"], linestyle="--", linewidth=1.2)
-        ax.text(len(names) - 0.5, g + 1.5, f"GPU {g} GB", color=style.PALETTE["vermillion"],
-                ha="right")
-    ax.set_ylim(0, max(max(base), max(gpus_gb, default=0)) * 1.12)
-    ax.set_ylabel("GB mỗi GPU")
+        ax.text(len(names) - 0.5, g + 1.5, f"{c.name}: {vi.number(g, 1)} GB dùng được",
+                color=style.PALETTE["vermillion"], ha="right")
+    ax.set_ylim(0, max(max(base), max((c.usable_bytes / GB for c in cards), default=0)) * 1.12)
+    ax.set_ylabel("GB (10⁹ byte) mỗi GPU")
     ax.set_title(title)
     ax.legend(loc="upper center", ncol=4, bbox_to_anchor=(0.5, -0.08), frameon=False)
     fig.tight_layout()

@@ -4,11 +4,12 @@ Model (pure data, ``ledger_frames``): for a model preset, a precision and an opt
 ``LedgerFrame`` per world size, each with one ``Bar`` per strategy. Every number in a bar is
 ``dpbook.memory.vram_ledger``'s, never recomputed here; this module only adds the parameter
 counts of the presets (``dpbook.shapes``, computed from the architecture, not typed in) and
-the verdict "does it fit on a GPU of G GB".
+the verdict "does it fit on this card".
 
-Fitting: a configuration fits on a GPU of G GB when the ledger's total per rank is at most
-G x 10^9 bytes (decimal GB, as the chapter uses). That is optimistic: the CUDA context,
-fragmentation and temporaries are not counted, and activations only if given.
+Fitting: a configuration fits on a card (``memory.Card``) when the ledger's total per rank is at
+most what PyTorch can allocate there, ``Card.usable_bytes``: the card's GiB less the driver's
+reservation and the CUDA context (``memory.fits``). That is still optimistic: fragmentation,
+communication buffers and temporaries are not counted, and activations only if given.
 
 The static players (``player``, ``measured_player``) and the live controls are in the package's
 ``__init__``; the SVG renderer is ``widgets.ledger.render``."""
@@ -19,9 +20,10 @@ from dataclasses import dataclass, replace
 
 from ... import vi
 from ...checks import int_at_least, non_negative, one_of
-from ...memory import Ledger, OPTIMIZERS, PHASES, PRECISIONS, STRATEGIES, vram_ledger
+from ...memory import (CARDS, OPTIMIZERS, PHASES, PRECISIONS, STRATEGIES, Card, Ledger,
+                        vram_ledger)
+from ...memory import fits as fits_card
 from ...shapes import presets
-from ...style import GB, GPUS_GB
 
 WORLD_SIZES = (1, 2, 4, 8, 16, 64)
 DEFAULT_STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
@@ -34,7 +36,7 @@ NOTES = {"DDP": "không chia mảnh", "NO_SHARD": "không chia mảnh", "ZeRO-1"
 
 @dataclass(frozen=True)
 class Bar:
-    """One strategy's bytes per rank, and on which GPUs (``LedgerFrame.gpus_gb``) it fits."""
+    """One strategy's bytes per rank, and on which cards (``LedgerFrame.cards``) it fits."""
 
     label: str
     note: str
@@ -50,72 +52,72 @@ class LedgerFrame:
     title: str
     world_size: int
     bars: tuple[Bar, ...]
-    gpus_gb: tuple[float, ...]
+    cards: tuple[Card, ...]
     caption: str
 
 
-def fits(total_bytes: float, gpus_gb=GPUS_GB) -> tuple[bool, ...]:
-    """For each GPU size, whether ``total_bytes`` per rank fit in it."""
-    return tuple(total_bytes <= g * GB for g in gpus_gb)
+def fits(total_bytes: float, cards=CARDS) -> tuple[bool, ...]:
+    """For each card, whether ``total_bytes`` per rank fit in what PyTorch can allocate there."""
+    return tuple(fits_card(total_bytes, c) for c in cards)
 
 
-def verdict(bar: Bar, gpus_gb=GPUS_GB) -> str:
-    """One Vietnamese clause: how much the bar needs and the smallest GPU it fits on."""
+def verdict(bar: Bar, cards=CARDS) -> str:
+    """One Vietnamese clause: how much the bar needs and the smallest card it fits on."""
     need = f"{bar.label} cần {vi.nbytes(bar.ledger.total)}/rank"
-    ok = [g for g, f in zip(gpus_gb, bar.fits) if f]
+    ok = [c for c, f in zip(cards, bar.fits) if f]
     if not ok:
         return f"{need}, không vừa GPU nào"
-    if len(ok) == len(gpus_gb):
+    if len(ok) == len(cards):
         return f"{need}, vừa mọi GPU"
     if len(ok) == 1:
-        return f"{need}, chỉ vừa GPU {vi.short(ok[0])} GB"
-    return f"{need}, vừa GPU từ {vi.short(min(ok))} GB trở lên"
+        return f"{need}, chỉ vừa {ok[0].name}"
+    return f"{need}, vừa từ {min(ok, key=lambda c: c.usable_bytes).name} trở lên"
 
 
-def _grouped(bars, gpus_gb) -> str:
+def _grouped(bars, cards) -> str:
     """Verdicts with equal totals merged ("ZeRO-2, SHARD_GRAD_OP cần …"), in bar order."""
     groups: dict[float, list[Bar]] = {}
     for b in bars:
         groups.setdefault(b.ledger.total, []).append(b)
-    return "; ".join(verdict(replace(g[0], label=", ".join(b.label for b in g)), gpus_gb)
+    return "; ".join(verdict(replace(g[0], label=", ".join(b.label for b in g)), cards)
                      for g in groups.values())
 
 
 def ledger_frames(preset: str = "llama-7b", *, world_sizes=WORLD_SIZES,
                   strategies=DEFAULT_STRATEGIES, precision: str = "mixed",
                   optimizer: str = "adam", phase: str = "step", shard_size: int = 8,
-                  activation_bytes: float = 0.0, gpus_gb=GPUS_GB) -> list[LedgerFrame]:
+                  activation_bytes: float = 0.0, cards=CARDS) -> list[LedgerFrame]:
     """One frame per world size: as N grows, sharded strategies' bars shrink, DDP's do not.
 
     HYBRID_SHARD shards inside groups of ``shard_size`` ranks (GPUs per node); when the whole
     world is smaller than one group, the group is the world (``min(shard_size, N)``).
     """
     _check(preset, world_sizes, strategies, precision, optimizer, phase, shard_size,
-           activation_bytes, gpus_gb)
+           activation_bytes, cards)
     p = presets()[preset]
     kw = dict(precision=precision, optimizer=optimizer, phase=phase,
               largest_unit_params=p.largest_unit, root_unit_params=p.root_unit,
               activation_bytes=float(activation_bytes))
     frames = []
     for n in world_sizes:
-        bars = tuple(_bar(p.num_params, n, s, shard_size, tuple(gpus_gb), kw) for s in strategies)
+        bars = tuple(_bar(p.num_params, n, s, shard_size, tuple(cards), kw) for s in strategies)
         title = (f"{p.label} · {vi.count(p.num_params)} tham số · N = {n} GPU · {precision} · "
                  f"{optimizer} · {phase}")
         head = "N = 1: một GPU, mọi chiến lược như nhau. " if n == 1 else f"N = {n}: "
-        caption = head + _grouped(bars, gpus_gb) + "."
-        frames.append(LedgerFrame(title, n, bars, tuple(gpus_gb), caption))
+        caption = head + _grouped(bars, cards) + "."
+        frames.append(LedgerFrame(title, n, bars, tuple(cards), caption))
     return frames
 
 
-def _bar(num_params, n, strategy, shard_size, gpus_gb, kw) -> Bar:
+def _bar(num_params, n, strategy, shard_size, cards, kw) -> Bar:
     s = min(shard_size, n) if strategy == "HYBRID_SHARD" else None
     led = vram_ledger(num_params, n, strategy, shard_size=s, **kw)
     note = f"nhóm shard {s}" if s else NOTES[strategy]
-    return Bar(strategy, note, led, fits(led.total, gpus_gb), s)
+    return Bar(strategy, note, led, fits(led.total, cards), s)
 
 
 def _check(preset, world_sizes, strategies, precision, optimizer, phase, shard_size,
-           activation_bytes, gpus_gb) -> None:
+           activation_bytes, cards) -> None:
     one_of("preset", preset, presets())
     one_of("precision", precision, PRECISIONS)
     one_of("optimizer", optimizer, OPTIMIZERS)
@@ -131,9 +133,10 @@ def _check(preset, world_sizes, strategies, precision, optimizer, phase, shard_s
                          f"{tuple(strategies)!r}.")
     for s in strategies:
         one_of("strategy", s, STRATEGIES)
-    for g in gpus_gb:
-        if isinstance(g, bool) or not isinstance(g, (int, float)) or g <= 0:
-            raise ValueError(f"dung lượng GPU phải là số GB dương, nhận được {g!r}.")
+    for c in cards:
+        if not isinstance(c, Card):
+            raise ValueError(f"cards phải gồm các memory.Card (ví dụ memory.CARDS), nhận được "
+                             f"{c!r}.")
 
 
 MEASURED = ("DDP", "NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD")

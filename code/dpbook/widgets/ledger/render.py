@@ -1,5 +1,6 @@
 """A VRAM-ledger frame as SVG: stacked bars per GPU (parameters, gradients, optimizer state,
-activations) against the cards' capacities, and the table of which card each fits.
+activations) against what PyTorch can allocate on each card (``memory.Card.usable_bytes``, in
+GB of 10⁹ B like the bars), and the table of which card each fits.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from .frames import Bar, LedgerFrame
 # The kinds of bytes, bottom to top in a bar: (Ledger field, legend label, palette colour).
 KINDS = (("params", "tham số", "blue"), ("grads", "gradient", "orange"),
          ("optimizer", "trạng thái bộ tối ưu", "green"), ("activations", "activation", "purple"))
-W, PLOT_X0, PLOT_X1, PLOT_Y0, PLOT_Y1 = 1000, 105, 925, 100, 410
+W, PLOT_X0, PLOT_X1, PLOT_Y0, PLOT_Y1 = 1000, 115, 900, 100, 410
 
 
 def axis_top(frames: list[LedgerFrame]) -> float:
@@ -20,7 +21,7 @@ def axis_top(frames: list[LedgerFrame]) -> float:
     the GPUs (70B on one GPU), the axis stops a little above the largest GPU and the taller
     bars are drawn broken, with their total written on top."""
     tallest = max(b.ledger.total for f in frames for b in f.bars)
-    gpus = max((g for f in frames for g in f.gpus_gb), default=0) * GB
+    gpus = max((c.usable_bytes for f in frames for c in f.cards), default=0)
     if gpus and tallest > 1.3 * gpus:
         tallest = 1.15 * gpus
     return _nice(max(tallest, 1.0) * 1.05)
@@ -38,14 +39,14 @@ def render(frame: LedgerFrame, top: float | None = None) -> str:
     slot = (PLOT_X1 - PLOT_X0) / len(frame.bars)
     labels = _labels_height(frame.bars, slot)
     table_y = PLOT_Y1 + labels + 26
-    svg = Svg(W, table_y + 30 * len(frame.gpus_gb) + 6, frame.title)
+    svg = Svg(W, table_y + 30 * len(frame.cards) + 6, frame.title)
     svg.text(W / 2, 24, frame.title, cls="t-big", weight="bold")
     _legend(svg, any(b.ledger.activations for b in frame.bars))
     _axis(svg, top)
     for i, bar in enumerate(frame.bars):
         _draw_bar(svg, bar, PLOT_X0 + slot * (i + 0.5), min(0.6 * slot, 90), top)
     _bar_labels(svg, frame.bars, slot)
-    _gpu_lines(svg, frame.gpus_gb, top)
+    _gpu_lines(svg, frame.cards, top)
     _fit_table(svg, frame, slot, table_y)
     return svg.render()
 
@@ -134,22 +135,26 @@ def _group_labels(svg: Svg, bars, slot: float) -> None:
             start = i + 1
 
 
-def _gpu_lines(svg: Svg, gpus_gb, top: float) -> None:
-    for g in gpus_gb:
-        if g * GB <= top:
-            y = _y(g * GB, top)
+def _gpu_lines(svg: Svg, cards, top: float) -> None:
+    """One dashed line per card at what PyTorch can allocate there; in the margin, the card's
+    name above the line and that amount (GB) below it."""
+    for c in cards:
+        if c.usable_bytes <= top:
+            y = _y(c.usable_bytes, top)
             svg.line(PLOT_X0, y, PLOT_X1, y, stroke=PALETTE["vermillion"], dash="8 5")
-            svg.text(PLOT_X1 + 6, y, f"{vi.short(g)} GB", cls="t-small", anchor="start",
+            svg.text(PLOT_X1 + 6, y - 9, c.name, cls="t-small", anchor="start",
                      fill=PALETTE["vermillion"])
+            svg.text(PLOT_X1 + 6, y + 9, f"{vi.short(c.usable_bytes / GB)} GB", cls="t-small",
+                     anchor="start", fill=PALETTE["vermillion"])
 
 
 def _fit_table(svg: Svg, frame: LedgerFrame, slot: float, y0: float) -> None:
-    """Under each bar, one cell per GPU size: "✓ vừa" (green) or "✗ không" (vermillion)."""
-    if frame.gpus_gb:
+    """Under each bar, one cell per card: "✓ vừa" (green) or "✗ không" (vermillion)."""
+    if frame.cards:
         svg.text(8, y0 - 22, "Vừa GPU?", cls="t-small", anchor="start", weight="bold")
-    for r, g in enumerate(frame.gpus_gb):
+    for r, c in enumerate(frame.cards):
         y = y0 + 30 * r
-        svg.text(PLOT_X0 - 10, y, f"{vi.short(g)} GB", cls="t-small", anchor="end")
+        svg.text(PLOT_X0 - 10, y, c.name, cls="t-small", anchor="end")
         for i, bar in enumerate(frame.bars):
             ok = bar.fits[r]
             colour = PALETTE["green" if ok else "vermillion"]
