@@ -3,24 +3,44 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.dpbook-installed
+# Which PyTorch build to install, for the version pinned in constraints.txt:
+#   (empty, the default) whatever pip finds for that version: the CPU wheel that lies on the
+#       reference machine's disk, PyPI's CUDA build on a Linux GPU box (macOS and Windows wheels
+#       on PyPI have no CUDA anyway);
+#   TORCH=cpu  PyTorch's CPU-only build from its own index, for a Linux laptop without an NVIDIA
+#       GPU: PyPI's Linux wheel is the CUDA build and pulls several GB of CUDA libraries.
+#       `make test TORCH=cpu` (or `make book TORCH=cpu`, `make setup TORCH=cpu`); an existing
+#       .venv then switches to that build.
+TORCH ?=
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_VERSION := $(shell sed -n 's/^torch==//p' constraints.txt)
+ifeq ($(TORCH),)
+TORCH_REQUIREMENT := "torch"
+else ifeq ($(TORCH),cpu)
+# `==X+cpu`, not `==X`: an installed CUDA build of X would satisfy `==X` and stay.
+TORCH_REQUIREMENT := --index-url $(TORCH_CPU_INDEX) "torch==$(TORCH_VERSION)+cpu"
+else
+$(error TORCH=$(TORCH): giá trị không hợp lệ; để trống (mặc định) hoặc TORCH=cpu)
+endif
+STAMP := $(VENV)/.dpbook-installed$(if $(TORCH),-$(TORCH))
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 # 2 workers suit the 2-core reference machine; override with `make test JOBS=8`.
 JOBS ?= 2
 
-.PHONY: book test gpu-check setup clean browser bench-launch
+.PHONY: book test gpu-check doctor setup clean browser bench-launch
 
 setup: $(STAMP)
 
-# torch first, pinned by constraints.txt: on a CPU-only machine pip finds the local CPU wheel,
-# on a GPU box PyPI's CUDA build of the same version. Installing the package afterwards under
+# torch first, pinned by constraints.txt (and built as TORCH says, above): on a CPU-only machine
+# pip finds the local CPU wheel, on a GPU box PyPI's CUDA build of the same version; a `+cpu`
+# build satisfies the pin too (a local version label is ignored). Installing the package afterwards under
 # the same constraint keeps pip from replacing torch with another build. --no-compile: pip's
 # byte-compiling of every installed file took about half the set-up on 2 cores; Python compiles
 # the modules the book imports on first use instead.
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "Cài đặt môi trường vào $(VENV) (log: $(VENV)/install.log)…"
-	@{ $(BIN)/python -m pip install --no-compile -c constraints.txt "torch" \
+	@{ $(BIN)/python -m pip install --no-compile -c constraints.txt $(TORCH_REQUIREMENT) \
 	   && $(BIN)/python -m pip install --no-compile -c constraints.txt -e . ; } > $(VENV)/install.log 2>&1 \
 	   || { tail -n 40 $(VENV)/install.log; exit 1; }
 	@touch $@
@@ -56,6 +76,10 @@ bench-launch: $(STAMP)
 
 gpu-check: $(STAMP)
 	$(BIN)/python -m dpbook.tools.gpu_check
+
+# What this machine can run and which mode each part of the book takes here (no GPU needed).
+doctor: $(STAMP)
+	$(BIN)/python -m dpbook.doctor
 
 clean:
 	rm -rf _build .pytest_cache

@@ -28,7 +28,7 @@ LAYERS = {
         "accumulation"),  # real processes, real models
     3: ("widgets",),
     4: ("pages", "scripts", "labs"),
-    5: ("tools",),
+    5: ("tools", "doctor"),  # doctor: the `python -m dpbook.doctor` entry point of tools.doctor
 }
 LAYER = {name: layer for layer, names in LAYERS.items() for name in names}
 SHARED_WIDGET_MODULES = {"player", "svg", "live"}  # what every widget may use

@@ -26,6 +26,13 @@ Design choices, and why:
   once it has written its sequence number, before the other side has accepted). See
   ``benchmarks/gloo_init_race.py``: 44 and 50 of 100 launches failed without the barrier in two
   runs, 0 with it.
+* The function goes to the ranks by name when they can import it by name (a function at the
+  top level of a module: what ``pickle`` does, and the fast path). A function they cannot import
+  that way (defined in a notebook cell, a lambda, a nested function), or arguments that refer to
+  such things, goes *by value*: the caller serialises it with ``cloudpickle`` (its code, the
+  globals and closure variables it reads), the way Ray and ipyparallel ship notebook code, and
+  each rank loads it back. What cannot be serialised (a lock, an open file) is refused in the
+  caller, before any process starts, with a message naming the variable.
 * Results travel as ``pickle.dumps`` bytes rather than through ``torch.multiprocessing``'s
   shared-memory reducers: a rank may exit right after sending, and shared-memory handles of a
   dead process are not reliably readable by the parent.
@@ -74,7 +81,7 @@ _SETTLE_S = 5.0  # after a first error, time allowed for the other ranks' report
 # torch.distributed that the book's rank functions import lazily (about 1 s more each).
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.distributed.fsdp",
            "torch.distributed.tensor", "torch.distributed.checkpoint", "dpbook.launch",
-           "dpbook.workers")
+           "dpbook.workers", "cloudpickle")
 # Set in every process that joins a group, here and under torchrun (see the module docstring).
 INIT_BARRIER = {"TORCH_DIST_INIT_BARRIER": "1"}
 RANK_NAME = "dpbook-rank"  # process name of every rank (``ps``, ``psutil``), then its number
@@ -128,10 +135,12 @@ class Plan:
         return f"Chế độ CPU: backend gloo, {self.world_size} process trên CPU ({reason})."
 
 
-def plan(world_size: int | None = None, backend: str = "auto") -> Plan:
-    """Resolve ``world_size=None`` and ``backend="auto"`` against the GPUs of this machine."""
+def plan(world_size: int | None = None, backend: str = "auto", gpus: int | None = None) -> Plan:
+    """Resolve ``world_size=None`` and ``backend="auto"`` against the GPUs of this machine (or
+    against ``gpus`` GPUs: what another machine would do, ``dpbook.doctor``'s question)."""
     one_of("backend", backend, BACKENDS)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus is None:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if world_size is None:
         world_size = gpus if gpus >= 2 else 2
     int_at_least("world_size", world_size)
@@ -166,33 +175,141 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
+_MAIN_MODULES = (None, "__main__", "__mp_main__")
+
+
+def _name_problem(obj) -> str | None:
+    """Why a process that imports modules by name could not find ``obj`` (a function or a
+    class) again, or ``None`` if it could."""
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", getattr(obj, "__name__", "?"))
+    if module in _MAIN_MODULES:
+        return "được định nghĩa trong notebook hoặc trong script đang chạy (module __main__)"
+    if "<lambda>" in qualname or "<locals>" in qualname:
+        return "là lambda hoặc hàm lồng trong hàm khác"
+    try:
+        found = sys.modules.get(module) or __import__(module, fromlist=["_"])
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except Exception:  # noqa: BLE001 - any failure means the child cannot import it either
+        return f"không tìm lại được qua đường dẫn import {module}.{qualname}"
+    return None if found is obj else f"tên {module}.{qualname} chỉ tới một đối tượng khác"
+
+
+def importable(fn: Callable) -> bool:
+    """Whether child processes can import ``fn`` by its module and qualified name (what
+    ``pickle`` sends for a function), so that ``spawn`` may send only the name."""
+    return _name_problem(fn) is None
+
+
 def check_importable(fn: Callable) -> None:
-    """Refuse, before any process starts, a function that child processes could not import."""
+    """Refuse a function that child processes could not import by name. ``spawn`` does not
+    need this (it sends such a function by value); ``torch.multiprocessing.spawn`` does."""
     if not callable(fn):
         raise TypeError(f"fn phải là một hàm, nhận được {type(fn).__name__}.")
-    module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", getattr(fn, "__name__", "?"))
-    why = None
-    if module in (None, "__main__", "__mp_main__"):
-        why = "được định nghĩa trong notebook hoặc trong script đang chạy (module __main__)"
-    elif "<lambda>" in qualname or "<locals>" in qualname:
-        why = "là lambda hoặc hàm lồng trong hàm khác"
-    if why is None:
-        try:
-            obj = sys.modules.get(module) or __import__(module, fromlist=["_"])
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
-        except Exception:  # noqa: BLE001 - any failure means the child cannot import it either
-            why = f"không tìm lại được qua đường dẫn import {module}.{qualname}"
+    why = _name_problem(fn)
     if why is not None:
+        qualname = getattr(fn, "__qualname__", getattr(fn, "__name__", "?"))
         raise ValueError(
-            f"Không thể chạy hàm {qualname!r} trên nhiều process: hàm này {why}. "
-            "Process con (start method forkserver hoặc spawn) nhận hàm qua pickle, tức là chỉ "
-            "nhận tên module và tên hàm, rồi phải import lại được hàm theo tên đó; module "
-            "__main__ của một notebook thì không import lại được. "
-            "Cách sửa: đặt hàm worker ở cấp cao nhất của một module import được (ví dụ trong "
-            "gói dpbook, hoặc một file .py cạnh notebook) rồi import nó vào notebook."
-        )
+            f"Hàm {qualname!r} không import lại được theo tên: hàm này {why}. pickle chỉ ghi "
+            "tên module và tên hàm, nên một process con nhận hàm qua pickle (như với "
+            "torch.multiprocessing.spawn) không tìm lại được nó. launch.spawn gửi hàm như vậy "
+            "theo giá trị (cloudpickle); với torch.multiprocessing.spawn, hãy đặt hàm ở cấp cao "
+            "nhất của một module import được (một file .py cạnh notebook) rồi import nó.")
+
+
+def _goes_by_name(obj) -> bool:
+    """Whether ``pickle`` can send ``obj`` so that a child finds it again: a function or class
+    by its name, another object through its class. Only the top level is looked at (cheap);
+    what hides deeper fails in the rank and is reported from there."""
+    if callable(obj) and hasattr(obj, "__qualname__"):
+        return importable(obj)
+    cls = type(obj)
+    return cls.__module__ == "builtins" or importable(cls)
+
+
+class _ByValue:
+    """A rank function and its arguments serialised by value with cloudpickle in the caller;
+    a rank loads them back with ``load`` (plain ``pickle`` reads cloudpickle's output)."""
+
+    def __init__(self, blob: bytes):
+        self.blob = blob
+
+    def load(self) -> tuple:
+        return pickle.loads(self.blob)
+
+
+def pack(fn: Callable, args: tuple, kwargs: dict) -> tuple:
+    """What the ranks receive, as ``(fn, args, kwargs)``: unchanged when every part goes by
+    name, else one ``_ByValue`` holding all three. Raises ``ValueError`` (in the caller, before
+    any process starts) for what cannot be serialised."""
+    if not callable(fn):
+        raise TypeError(f"fn phải là một hàm, nhận được {type(fn).__name__}.")
+    if importable(fn) and all(map(_goes_by_name, (*args, *kwargs.values()))):
+        return fn, args, kwargs
+    return _ByValue(by_value(fn, args, kwargs)), (), {}
+
+
+def by_value(fn: Callable, args: tuple = (), kwargs: dict | None = None) -> bytes:
+    """``(fn, args, kwargs)`` serialised with cloudpickle: a function that no child can import
+    goes with its code and the globals and closure variables it reads."""
+    import cloudpickle
+
+    kwargs = kwargs or {}
+    try:
+        return cloudpickle.dumps((fn, args, kwargs))
+    except Exception as exc:  # noqa: BLE001 - which object failed is found below
+        raise ValueError(_unserialisable_message(fn, args, kwargs, exc)) from exc
+
+
+def _global_names(code) -> set[str]:
+    """The global names a code object reads, nested functions and comprehensions included."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _global_names(const)
+    return names
+
+
+def _parts(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+    """``(what, object)`` for everything ``by_value`` serialises along with ``fn``."""
+    parts = []
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+            try:
+                parts.append((f"biến {name!r} mà hàm giữ trong closure", cell.cell_contents))
+            except ValueError:  # a cell not filled yet
+                pass
+        scope = getattr(fn, "__globals__", {})
+        parts += [(f"biến toàn cục {name!r} mà hàm dùng", scope[name])
+                  for name in sorted(_global_names(code)) if name in scope]
+    parts += [(f"đối số vị trí thứ {i + 1} sau (rank, world_size)", a) for i, a in enumerate(args)]
+    parts += [(f"đối số {k!r}", v) for k, v in kwargs.items()]
+    return parts
+
+
+def _unserialisable_message(fn: Callable, args: tuple, kwargs: dict, exc: Exception) -> str:
+    import cloudpickle
+
+    qualname = getattr(fn, "__qualname__", type(fn).__name__)
+    what = f"một đối tượng mà hàm dùng tới ({type(exc).__name__}: {exc})"
+    for label, obj in _parts(fn, args, kwargs):
+        try:
+            cloudpickle.dumps(obj)
+        except Exception as part_exc:  # noqa: BLE001
+            what = f"{label} (kiểu {type(obj).__name__}: {part_exc})"
+            break
+    return (
+        f"Không gửi được hàm {qualname!r} sang các process con: {what} không tuần tự hóa được. "
+        "launch.spawn gửi cho mỗi rank hàm cùng các đối số; thứ mà process con không import "
+        "lại được theo tên (hàm định nghĩa trong notebook, lambda, hàm lồng) được gửi theo giá "
+        "trị bằng cloudpickle, kèm mã và các biến mà nó dùng. Khóa (lock), file đang mở, socket, luồng (thread) hay process chỉ có nghĩa "
+        "trong process đã tạo ra chúng, nên không sao chép sang process khác được. Cách sửa: "
+        "tạo đối tượng ấy bên trong hàm, để mỗi rank tự tạo bản của mình (mở file theo đường "
+        "dẫn, tạo khóa mới), hoặc truyền thứ đủ để tạo lại nó (một đường dẫn, một con số) làm "
+        "đối số. Chưa process nào được khởi động."
+    )
 
 
 class _Forward:
@@ -313,6 +430,8 @@ def _child(rank, world_size, backend, store_path, timeout, output, q, env, fn, a
                       LOCAL_WORLD_SIZE=str(world_size), **INIT_BARRIER)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
+        if isinstance(fn, _ByValue):
+            fn, args, kwargs = fn.load()
         if backend == "nccl":
             torch.cuda.set_device(rank)
         else:
@@ -439,7 +558,8 @@ def spawn(fn: Callable, *args: Any, world_size: int | None = None, backend: str 
           timeout: float = 120.0, output: str = "prefix", **kwargs: Any) -> list:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` ranks; return their results.
 
-    ``output``: ``"prefix"`` prints every rank's output, other ranks' lines prefixed with
+    ``fn`` may be any function, one defined in a notebook cell included: what the ranks cannot
+    import by name goes by value (``pack``). ``output``: ``"prefix"`` prints every rank's output, other ranks' lines prefixed with
     ``[rank r]`` (rank 0's lines appear as they are); ``"rank0"`` prints only rank 0's output;
     ``"none"`` prints nothing. Raises ``RankError`` if a rank fails, ``TimeoutError`` if the
     ranks have not all finished after ``timeout`` seconds; in both cases no child survives.
@@ -447,7 +567,7 @@ def spawn(fn: Callable, *args: Any, world_size: int | None = None, backend: str 
     one_of("output", output, OUTPUTS)
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout phải là số giây dương, nhận được {timeout!r}.")
-    check_importable(fn)
+    fn, args, kwargs = pack(fn, args, kwargs)
     check_main_guard()
     p = plan(world_size, backend)
     n = p.world_size
@@ -455,16 +575,26 @@ def spawn(fn: Callable, *args: Any, world_size: int | None = None, backend: str 
     ctx = context()
     q = ctx.Queue()
     env = dict(os.environ)
-    procs = [
-        ctx.Process(target=_child, daemon=True, name=f"{RANK_NAME}{r}",
-                    args=(r, n, p.backend, os.path.join(rendezvous, "store"), timeout, output, q,
-                          env, fn, args, kwargs))
-        for r in range(n)
-    ]
+    store = os.path.join(rendezvous, "store")
+
+    def processes(payload):
+        return [ctx.Process(target=_child, daemon=True, name=f"{RANK_NAME}{r}",
+                            args=(r, n, p.backend, store, timeout, output, q, env, *payload))
+                for r in range(n)]
+
+    procs = processes((fn, args, kwargs))
     try:
-        for proc in procs:
+        try:
+            procs[0].start()  # pickles the payload before forking: a failure starts nothing
+        except (TypeError, AttributeError, pickle.PicklingError):
+            if isinstance(fn, _ByValue):
+                raise
+            # pickle refused an argument (a lambda inside a dict...): send all of it by value
+            procs = processes((_ByValue(by_value(fn, args, kwargs)), (), {}))
+            procs[0].start()
+        for proc in procs[1:]:
             proc.start()
-        logs = [_native_log(os.path.join(rendezvous, "store"), r) for r in range(n)]
+        logs = [_native_log(store, r) for r in range(n)]
         return _collect(procs, q, n, timeout, output, logs)
     finally:
         _terminate(procs)

@@ -5,12 +5,15 @@ to the rank's device (``launch.device()``) and wrap it. They must run inside an 
 process group (for instance in a function started by ``launch.spawn``). FSDP2 is applied in one
 place, ``shard_blocks``, always on ``rank_mesh()``, the mesh of the rank's own device.
 
-Mixed precision is chosen in one place too: ``amp_dtype`` (bf16, or fp16 on a GPU without bf16)
-and ``grad_scaler`` (loss scaling for fp16, a pass-through otherwise).
+Mixed precision is chosen in one place too: ``mixed_precision(dev)`` is the rule of every
+training script (autocast on a GPU only, in ``amp_dtype``: bf16 where the GPU computes it natively,
+``native_bf16``, else fp16), and its ``scaler()`` is ``grad_scaler`` (loss scaling for fp16, a
+pass-through otherwise).
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
 
@@ -134,15 +137,20 @@ def apply_fsdp2(model: nn.Module, reshard_after_forward: bool | None = None,
                         **fully_shard_kwargs)
 
 
-def shard_blocks(model: nn.Module, block_cls: type, **fully_shard_kwargs) -> nn.Module:
+def shard_blocks(model: nn.Module, block_cls: type, separate=(),
+                 **fully_shard_kwargs) -> nn.Module:
     """FSDP2 by hand: ``fully_shard`` every ``block_cls`` module, then the root (which keeps the
     parameters no block owns), all on one mesh (``rank_mesh()`` unless ``mesh`` is given).
-    Unlike ``apply_fsdp2`` it does not move the model, so it also works on a model that still
-    lives on the meta device."""
+    ``separate``: modules, or lists of modules, that become units of their own, resharded after
+    forward, so that the root keeps nothing of them (how torchtitan wraps the embedding and
+    ``[norm, output]``). Unlike ``apply_fsdp2`` it does not move the model, so it also works on a
+    model that still lives on the meta device."""
     from torch.distributed.fsdp import fully_shard
 
     if "mesh" not in fully_shard_kwargs:
         fully_shard_kwargs["mesh"] = rank_mesh()
+    for unit in separate:
+        fully_shard(unit, **{**fully_shard_kwargs, "reshard_after_forward": True})
     for module in model.modules():
         if isinstance(module, block_cls):
             fully_shard(module, **fully_shard_kwargs)
@@ -159,15 +167,59 @@ def apply_parallel(model: nn.Module, par: Parallel) -> nn.Module:
     return apply_fsdp2(model, par.reshard_after_forward, par.shard_size)
 
 
+def native_bf16(capability: tuple[int, int]) -> bool:
+    """Whether an NVIDIA GPU of this compute capability computes bf16 natively: 8.0 (A100) and
+    later. Older GPUs (T4: 7.5, V100: 7.0) only emulate it, many times slower."""
+    return tuple(capability) >= (8, 0)
+
+
 def amp_dtype(dev: torch.device) -> torch.dtype:
     """The 16-bit type of mixed precision on ``dev``: bf16 where the hardware computes it (CPUs,
-    GPUs of compute capability 8.0 and later), fp16 on older GPUs (T4: 7.5, V100: 7.0), which
-    only emulate bf16, many times slower. A GPU is asked about the current device, which is the
-    rank's own once ``launch.spawn`` or ``torchrun.worker`` has set it. fp16 needs loss scaling:
-    see ``grad_scaler``."""
-    if dev.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+    GPUs with ``native_bf16``), fp16 on older GPUs. A GPU device without an index is the current
+    one, which is the rank's own once ``launch.spawn`` or ``torchrun.worker`` has set it. fp16
+    needs loss scaling: see ``grad_scaler``."""
+    if dev.type == "cuda" and not torch.version.hip \
+            and not native_bf16(torch.cuda.get_device_capability(dev)):
         return torch.float16
     return torch.bfloat16
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The mixed precision of a training step on one device (``mixed_precision`` chooses it):
+    ``dtype`` is what autocast computes in, ``None`` for no autocast."""
+
+    device_type: str
+    dtype: torch.dtype | None
+
+    def autocast(self):
+        """``torch.autocast`` in ``dtype``, or an empty context without autocast."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def scaler(self, fsdp1: bool = False):
+        """``grad_scaler`` for this precision: enabled for fp16 only."""
+        return grad_scaler(torch.device(self.device_type), self.dtype, fsdp1)
+
+    @property
+    def loss_scaling(self) -> bool:
+        return self.dtype == torch.float16
+
+    @property
+    def name(self) -> str | None:
+        """``"bfloat16"``, ``"float16"``, or ``None`` without autocast."""
+        return dtype_name(self.dtype)
+
+
+def mixed_precision(dev: torch.device, enabled: bool = True) -> Precision:
+    """The autocast of every training script of the book: on a GPU, ``amp_dtype(dev)`` (bf16 where
+    it is native, else fp16 with a ``GradScaler``); on the CPU none (the small models of the CPU
+    mode gain nothing from it, and the float64 comparisons need full precision); none either
+    when not ``enabled`` (a script's ``--no-amp``)."""
+    if dev.type != "cuda" or not enabled:
+        return Precision(dev.type, None)
+    return Precision("cuda", amp_dtype(dev))
 
 
 def dtype_name(dtype: torch.dtype | None) -> str | None:

@@ -61,19 +61,54 @@ def test_output_prefix_and_rank0(capsys):
     assert capsys.readouterr().out == ""
 
 
-def test_notebook_functions_are_refused_before_starting():
+def test_functions_no_child_can_import_run_by_value():
+    scale = 10
+
     def local(rank, world_size):
-        return rank
+        t = torch.ones(2) * (rank + 1) * scale  # a closure variable travels with the function
+        torch.distributed.all_reduce(t)
+        return t.tolist()
+
+    assert launch.spawn(local, world_size=2, backend="gloo") == [[30.0, 30.0]] * 2
+    assert launch.spawn(lambda r, w: (r, w), world_size=2, backend="gloo") == [(0, 2), (1, 2)]
+    # what a notebook cell defines: a function of module __main__
+    main_fn = type(local)(workers.say_hello.__code__, {"__name__": "__main__", "print": print},
+                          "worker")
+    main_fn.__module__ = "__main__"
+    assert not launch.importable(main_fn) and not launch.importable(local)
+    assert launch.spawn(main_fn, world_size=2, backend="gloo", output="none") == [0, 1]
+    with pytest.raises(ValueError, match="module __main__"):
+        launch.check_importable(main_fn)  # what torch.multiprocessing.spawn would need
+
+
+def test_importable_functions_still_go_by_name():
+    fn, args, kwargs = launch.pack(workers.all_reduce_rank_ids, (), {"numel": 2})
+    assert fn is workers.all_reduce_rank_ids and kwargs == {"numel": 2}
+    launch.check_importable(workers.all_reduce_rank_ids)
+    # an argument that refers to code no child can import sends everything by value
+    packed, args, kwargs = launch.pack(workers.identity, (), {"names": lambda: 1})
+    assert type(packed).__name__ == "_ByValue" and (args, kwargs) == ((), {})
+    assert packed.load()[0] is workers.identity  # by value, yet the library function by name
+
+
+def test_what_cannot_be_serialised_is_refused_before_any_process_starts(tmp_path):
+    lock = threading.Lock()
+
+    def with_lock(rank, world_size):
+        with lock:
+            return rank
 
     before = len(_rank_processes())
-    for fn in (local, lambda r, w: r):
-        with pytest.raises(ValueError, match="pickle"):
-            launch.spawn(fn)
+    with pytest.raises(ValueError, match=r"biến 'lock' mà hàm giữ trong closure \(kiểu lock"):
+        launch.spawn(with_lock, world_size=2, backend="gloo")
+    with open(tmp_path / "log.txt", "w") as f, pytest.raises(ValueError, match="TextIOWrapper"):
+        launch.spawn(lambda r, w: f.write("x"), world_size=2, backend="gloo")
+    # an importable function with an argument pickle refuses: the same message, by name
+    with pytest.raises(ValueError, match=r"đối số 'names' \(kiểu lock.*Cách sửa"):
+        launch.spawn(workers.identity, world_size=2, backend="gloo", names=threading.Lock())
     assert len(_rank_processes()) == before
-    main_fn = type(local)(local.__code__, {"__name__": "__main__"}, "worker")
-    main_fn.__module__ = "__main__"
-    with pytest.raises(ValueError, match="__main__"):
-        launch.spawn(main_fn)
+    with pytest.raises(TypeError, match="fn phải là một hàm"):
+        launch.spawn(42, world_size=2)
 
 
 def test_a_failing_rank_is_named_and_the_others_stop():

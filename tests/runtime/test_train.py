@@ -43,3 +43,64 @@ def test_two_ranks_match_one_process(reference, par):
 def test_fit_refuses_a_world_without_wrapper():
     with pytest.raises(ValueError, match="world_size=1"):
         train.fit(0, 2, None)
+
+
+# ------------------------------------------ mixed precision: one rule, any NVIDIA GPU (faked)
+
+CAPABILITIES = {"V100": (7, 0), "T4": (7, 5), "A100": (8, 0), "H100": (9, 0)}
+
+
+@pytest.fixture
+def gpu_of(monkeypatch):
+    """``gpu_of(capability)``: torch reports a CUDA GPU of that compute capability (and
+    ``GradScaler`` then stays enabled, as on a machine with CUDA)."""
+    def fake(capability):
+        monkeypatch.setattr(torch.version, "hip", None)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        # torch.autocast("cuda", dtype=torch.bfloat16) asks this; a T4 emulates bf16 (slowly)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                            lambda including_emulation=True: capability >= (8, 0) or including_emulation)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    return fake
+
+
+@pytest.mark.parametrize("gpu", CAPABILITIES)
+def test_bf16_only_where_the_gpu_computes_it_natively(gpu_of, gpu):
+    gpu_of(CAPABILITIES[gpu])
+    native = gpu in ("A100", "H100")
+    assert train.native_bf16(CAPABILITIES[gpu]) == native
+    p = train.mixed_precision(torch.device("cuda", 0))
+    assert p.dtype == (torch.bfloat16 if native else torch.float16)
+    assert p.name == ("bfloat16" if native else "float16")
+    assert p.loss_scaling == p.scaler().is_enabled() == (not native)  # GradScaler for fp16
+    assert type(p.scaler(fsdp1=True)).__name__ == "ShardedGradScaler"
+    assert p.autocast().fast_dtype == p.dtype
+
+
+def test_no_autocast_on_the_cpu_or_when_switched_off(gpu_of):
+    gpu_of(CAPABILITIES["T4"])
+    for p in (train.mixed_precision(torch.device("cpu")),
+              train.mixed_precision(torch.device("cuda", 0), enabled=False)):
+        assert p.dtype is None and p.name is None and not p.loss_scaling
+        assert not p.scaler().is_enabled()
+        with p.autocast():
+            assert not torch.is_autocast_enabled("cpu")
+    assert train.amp_dtype(torch.device("cpu")) == torch.bfloat16  # FSDP's param_dtype on CPU
+
+
+def test_every_training_script_takes_its_autocast_from_the_one_rule():
+    import ast
+    import pathlib
+
+    scripts = pathlib.Path(train.__file__).parent / "scripts"
+    for path in scripts.glob("*.py"):
+        calls = {ast.unparse(n.func) for n in ast.walk(ast.parse(path.read_text("utf-8")))
+                 if isinstance(n, ast.Call)}
+        own = calls & {"torch.autocast", "torch.amp.autocast", "GradScaler", "torch.amp.GradScaler",
+                       "torch.cuda.is_bf16_supported", "amp_dtype", "grad_scaler"}
+        assert not own, f"{path.name} chọn autocast riêng: {own}"
+    from dpbook.scripts import ddp_script
+
+    cfg = ddp_script.ScriptConfig(epochs=1, num_samples=16, eval_samples=4, progress=False)
+    r = ddp_script.run(0, 1, cfg)  # the CPU: no autocast, no loss scaling
+    assert (r["autocast"], r["amp_dtype"], r["loss_scaling"]) == (False, None, False)

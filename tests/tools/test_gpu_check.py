@@ -43,19 +43,27 @@ def test_a_peak_ordering_that_breaks_the_pages_claim_is_reported():
     assert gpu_check.peak_problems(rows) == ["N = 4: FSDP2 10,5 MiB ≥ DDP 10,0 MiB"]
 
 
-def test_the_environment_report_names_a_t4_the_wheel_cannot_run(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_80", "sm_90"])
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (7, 5))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "Tesla T4")
-    monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda i, j: False)
-    lines = gpu_check.environment()
+def test_the_environment_report_names_a_t4_the_wheel_cannot_run():
+    from dpbook.tools.machine import Gpu, Machine, built_for
+
+    def t4x2(arch):
+        gpus = tuple(Gpu(i, "Tesla T4", (7, 5), 16 * 2**30, built_for((7, 5), arch))
+                     for i in range(2))
+        return Machine(4, 32 * 2**30, 2**30, "2.13.0", "12.6", arch, gpus, "2.27.3",
+                       {(0, 1): False, (1, 0): False}, "Kaggle")
+
+    lines = gpu_check.environment(t4x2(("sm_80", "sm_90")))
+    assert lines[0] == "torch 2.13.0, CUDA 12.6, NCCL 2.27.3"
     assert "sm_80 sm_90" in lines[1]
     assert "cuda:1 Tesla T4: sm_75 (KHÔNG có trong bản torch này)" in lines[3]
     assert "fp16 + GradScaler" in lines[3]
     assert lines[4].startswith("P2P") and "không" in lines[4]
-    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_75", "sm_80"])
-    assert "KHÔNG" not in gpu_check.environment()[2]
+    assert "KHÔNG" not in gpu_check.environment(t4x2(("sm_75", "sm_80")))[2]
+
+
+def test_the_environment_report_probes_this_machine_when_given_none():
+    lines = gpu_check.environment()
+    assert lines[0].startswith(f"torch {torch.__version__}, CUDA {torch.version.cuda}, NCCL ")
 
 
 def test_fallback_children_see_fewer_gpus_and_forbid_cuda_on_cpu_ranks(monkeypatch):

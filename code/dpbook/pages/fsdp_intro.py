@@ -108,23 +108,14 @@ def wrap_tiny_transformer(model, wrapping: str):
     ``reshard_after_forward=None``). ``"separate"``: the embedding and ``[norm, head]`` are
     units of their own, resharded after forward, as torchtitan wraps ``tok_embeddings``
     (``torchtitan/models/llama3/infra/parallelize.py``, ``apply_fsdp``); the root keeps nothing."""
-    from torch.distributed.fsdp import fully_shard
-
     from ..checks import one_of
     from ..launch import device
-    from ..train import rank_mesh
+    from ..train import shard_blocks
 
     one_of("wrapping", wrapping, ROOT_WRAPPINGS)
     model = model.to(device())
-    mesh = rank_mesh()
-    if wrapping == "separate":
-        fully_shard(model.embed, mesh=mesh, reshard_after_forward=True)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    if wrapping == "separate":
-        fully_shard([model.norm, model.head], mesh=mesh, reshard_after_forward=True)
-    fully_shard(model, mesh=mesh)
-    return model
+    separate = (model.embed, [model.norm, model.head]) if wrapping == "separate" else ()
+    return shard_blocks(model, type(model.blocks[0]), separate=separate)
 
 
 def _look_through_step(wrapping: str, rank: int, batch_size: int, x, y) -> dict:

@@ -37,7 +37,7 @@ from ..data import synthetic_regression
 from ..launch import device as rank_device
 from ..models import build_mlp
 from ..torchrun.worker import process_group
-from ..train import amp_dtype, apply_ddp, cpu_copy, dtype_name, grad_scaler
+from ..train import apply_ddp, cpu_copy, mixed_precision
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 MODEL = {"in_dim": 16, "hidden": 32, "depth": 3, "out_dim": 4}  # models.build_mlp's defaults
@@ -103,15 +103,15 @@ def make_loader(cfg: ScriptConfig, rank: int, world_size: int):
 
 
 def autocast_dtype(dev: torch.device, cfg: ScriptConfig) -> torch.dtype | None:
-    """What autocast computes in: ``train.amp_dtype`` on a GPU (bf16, or fp16 on a GPU without
-    bf16 such as the T4), ``None`` (no autocast) on the CPU or with ``amp=False``."""
-    return amp_dtype(dev) if dev.type == "cuda" and cfg.amp else None
+    """What autocast computes in: the book's one rule, ``train.mixed_precision`` (on a GPU bf16,
+    or fp16 on a GPU without native bf16 such as the T4; ``None``, no autocast, on the CPU or
+    with ``amp=False``)."""
+    return mixed_precision(dev, cfg.amp).dtype
 
 
 def autocast(dev: torch.device, cfg: ScriptConfig):
     """16-bit autocast on a GPU, nothing on the CPU: the same loop runs in both places."""
-    dtype = autocast_dtype(dev, cfg)
-    return contextlib.nullcontext() if dtype is None else torch.autocast("cuda", dtype=dtype)
+    return mixed_precision(dev, cfg.amp).autocast()
 
 
 def optimizer_step(model, optimizer, scaler, micro_batches, cfg: ScriptConfig,
@@ -230,7 +230,7 @@ def _setup(cfg: ScriptConfig):
            else torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     model = build_mlp(seed=cfg.seed, **MODEL).to(dev, DTYPES[cfg.dtype])
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-    scaler = grad_scaler(dev, autocast_dtype(dev, cfg))
+    scaler = mixed_precision(dev, cfg.amp).scaler()
     start = 0
     if cfg.resume and Path(cfg.checkpoint).exists():
         start = load_checkpoint(cfg.checkpoint, model, optimizer, dev, scaler) + 1
@@ -269,10 +269,10 @@ def run(rank: int, world_size: int, cfg: ScriptConfig) -> dict:
         if cfg.checkpoint:
             save_checkpoint(model, optimizer, epoch, cfg, scaler)
     net = model.module if isinstance(model, DDP) else model
-    amp = autocast_dtype(dev, cfg)
+    amp = mixed_precision(dev, cfg.amp)
     return {"rank": rank, "world_size": world_size, "device": str(dev),
             "backend": dist.get_backend() if dist.is_initialized() else None,
-            "autocast": amp is not None, "amp_dtype": dtype_name(amp),
+            "autocast": amp.dtype is not None, "amp_dtype": amp.name,
             "loss_scaling": scaler.is_enabled(), "start_epoch": start,
             "steps_per_epoch": steps, "losses": losses, "evals": evals,
             "state": cpu_copy(net.state_dict())}

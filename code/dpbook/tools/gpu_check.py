@@ -1,8 +1,8 @@
 """``make gpu-check``: run what learners run on this GPU machine and print what it saw.
 
-1. The machine: torch, CUDA, NCCL, the CUDA architectures the wheel was built for (a T4 needs
-   ``sm_75``), each GPU's compute capability and native bf16, and which pairs of GPUs reach each
-   other directly (P2P).
+1. The machine (``tools.machine.probe``, the probes ``python -m dpbook.doctor`` uses too): torch,
+   CUDA, NCCL, the CUDA architectures the wheel was built for (a T4 needs ``sm_75``), each GPU's
+   compute capability and native bf16, and which pairs of GPUs reach each other directly (P2P).
 2. NCCL at every world size the machine allows (1, 2, 4, 8 and the GPU count): one DDP step and
    one FSDP2 step of a model big enough for CUDA's peak memory, the measured communication
    checked against the formulas (``labs.compare.predict``, from ``dpbook.costs``), and FSDP2's
@@ -32,7 +32,7 @@ import torch
 from .. import launch, measure, vi
 from ..labs import compare
 from ..train import Parallel
-from . import gpu_pages
+from . import gpu_pages, machine
 
 # Big enough that parameters dominate CUDA's peak memory, small enough for any GPU.
 GPU_MODEL = {"in_dim": 1024, "hidden": 2048, "depth": 4, "out_dim": 1024}
@@ -49,28 +49,20 @@ def largest_power_of_two(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
 
-def environment() -> list[str]:
-    """What the wheel and the GPUs are, in a few Vietnamese lines."""
-    archs = torch.cuda.get_arch_list()
-    try:
-        nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    except (AttributeError, RuntimeError):  # a wheel built without NCCL
-        nccl = "không có"
-    lines = [f"torch {torch.__version__}, CUDA {torch.version.cuda}, NCCL {nccl}",
-             f"kiến trúc CUDA trong bản torch này: {' '.join(archs)}"]
-    n = torch.cuda.device_count()
-    for i in range(n):
-        major, minor = torch.cuda.get_device_capability(i)
-        sm = f"sm_{major}{minor}"
-        built = sm in archs or any(a.startswith("compute_") and int(a[8:]) <= major * 10 + minor
-                                   for a in archs)
-        lines.append(f"  cuda:{i} {torch.cuda.get_device_name(i)}: {sm}"
-                     f"{'' if built else ' (KHÔNG có trong bản torch này)'}, bf16 gốc: "
-                     f"{'có' if (major, minor) >= (8, 0) else 'không (dùng fp16 + GradScaler)'}")
+def environment(m: machine.Machine | None = None) -> list[str]:
+    """What the wheel and the GPUs are (``machine.probe()`` unless ``m`` is given), in a few
+    Vietnamese lines."""
+    m = m or machine.probe()
+    lines = [f"torch {m.torch_version}, CUDA {m.cuda_version}, NCCL {m.nccl or 'không có'}",
+             f"kiến trúc CUDA trong bản torch này: {' '.join(m.arch_list)}"]
+    for g in m.gpus:
+        lines.append(f"  cuda:{g.index} {g.name}: {g.sm}"
+                     f"{'' if g.built_for else ' (KHÔNG có trong bản torch này)'}, bf16 gốc: "
+                     f"{'có' if g.native_bf16 else 'không (dùng fp16 + GradScaler)'}")
+    n = m.gpu_count
     if n >= 2:
-        rows = [" ".join("  -" if i == j else (" có" if torch.cuda.can_device_access_peer(i, j)
-                                                else "  không") for j in range(n))
-                for i in range(n)]
+        rows = [" ".join("  -" if i == j else (" có" if m.p2p[i, j] else "  không")
+                         for j in range(n)) for i in range(n)]
         lines.append("P2P (hàng: GPU nguồn, cột: GPU đích): " + " | ".join(rows))
     return lines
 
