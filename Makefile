@@ -34,14 +34,18 @@ setup: $(STAMP)
 # torch first, pinned by constraints.txt (and built as TORCH says, above): on a CPU-only machine
 # pip finds the local CPU wheel, on a GPU box PyPI's CUDA build of the same version; a `+cpu`
 # build satisfies the pin too (a local version label is ignored). Installing the package afterwards under
-# the same constraint keeps pip from replacing torch with another build. --no-compile: pip's
-# byte-compiling of every installed file took about half the set-up on 2 cores; Python compiles
-# the modules the book imports on first use instead.
+# the same constraint keeps pip from replacing torch with another build. --no-compile, then
+# compileall on every core: pip byte-compiles one file at a time, which took about half the
+# set-up on 2 cores. The byte-code must be written here: where PYTHONDONTWRITEBYTECODE is set (as
+# on this project's machines), Python never caches it, and every rank and kernel would compile torch again.
+# compileall's status is ignored: a few files written for newer Pythons (torch's py312 tests) do not
+# compile on 3.11, and nothing imports them.
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "Cài đặt môi trường vào $(VENV) (log: $(VENV)/install.log)…"
 	@{ $(BIN)/python -m pip install --no-compile -c constraints.txt $(TORCH_REQUIREMENT) \
-	   && $(BIN)/python -m pip install --no-compile -c constraints.txt -e . ; } > $(VENV)/install.log 2>&1 \
+	   && $(BIN)/python -m pip install --no-compile -c constraints.txt -e . \
+	   && { $(BIN)/python -m compileall -q -j 0 $(VENV)/lib code || true; } ; } > $(VENV)/install.log 2>&1 \
 	   || { tail -n 40 $(VENV)/install.log; exit 1; }
 	@touch $@
 
