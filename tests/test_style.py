@@ -20,6 +20,7 @@ import ast
 import json
 import pathlib
 import re
+import sys
 
 import pytest
 
@@ -271,13 +272,7 @@ def test_exercises_are_read_and_code_is_not():
     assert "Sau" in kept and "loss" not in kept
 
 
-def test_the_format_check_sees_python_number_formats(tmp_path):
+def test_the_format_check_sees_python_number_formats(monkeypatch):
     tree = ast.parse('print(f"{x:,} và {y:.2f} GB và {z:>9g} và {w:.1%} và {n:>6} {s}")')
-    global _sources
-    old = _sources
-    _sources = lambda: iter([("mẫu", tree)])  # noqa: E731
-    try:
-        found = float_formats()
-    finally:
-        _sources = old
-    assert found == ["mẫu: {x:,}", "mẫu: {y:.2f}", "mẫu: {z:>9g}", "mẫu: {w:.1%}"]
+    monkeypatch.setattr(sys.modules[__name__], "_sources", lambda: iter([("mẫu", tree)]))
+    assert float_formats() == ["mẫu: {x:,}", "mẫu: {y:.2f}", "mẫu: {z:>9g}", "mẫu: {w:.1%}"]
