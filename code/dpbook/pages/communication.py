@@ -191,8 +191,11 @@ def store_exchange(rank: int, world_size: int, timeout: float = 30.0) -> dict:
     store.set(f"addr/{rank}", f"127.0.0.1, pid {os.getpid()}")
     arrived = store.add("arrived", 1)  # 1 for the first rank to get here, N for the last
     seen = {r: store.get(f"addr/{r}").decode() for r in range(world_size)}
-    dist.barrier()  # nobody removes the folder while a peer may still read
+    # The destructor of a FileStore opens its file once more (it counts finished workers and
+    # the last one deletes the file), and aborts the process if the folder is gone by then.
+    # So every rank drops its store first, and the folder goes only after all have.
     del store
+    dist.barrier()
     if rank == 0:
         shutil.rmtree(folder, ignore_errors=True)
     return {"arrived": arrived, "seen": seen}
