@@ -17,6 +17,8 @@ import ast
 import json
 import pathlib
 
+from test_style import cell_python
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PKG = ROOT / "code" / "dpbook"
 
@@ -24,7 +26,7 @@ PKG = ROOT / "code" / "dpbook"
 LAYERS = {
     0: ("checks", "vi", "style"),  # shared vocabulary
     1: ("collectives", "costs", "memory", "buckets", "shapes", "averaging", "overlap"),  # formulas
-    2: ("models", "data", "launch", "torchrun", "train", "measure", "bench", "tracing", "workers", "gil",
+    2: ("models", "data", "launch", "torchrun", "train", "measure", "bench", "tracing", "workers", "gil", "ranks",
         "accumulation"),  # real processes, real models
     3: ("widgets",),
     4: ("pages", "scripts", "labs"),
@@ -156,9 +158,7 @@ def _notebook_imports(path: pathlib.Path, package: set[str]) -> tuple[set[str], 
     for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
         if cell["cell_type"] != "code":
             continue
-        lines = "".join(cell["source"]).splitlines()
-        src = "\n".join(line for line in lines if not line.lstrip().startswith(("%", "!")))
-        for node in ast.walk(ast.parse(src)):
+        for node in ast.walk(ast.parse(cell_python("".join(cell["source"])))):
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "dpbook":
                 for a in node.names:
                     full = f"{node.module}.{a.name}"

@@ -139,6 +139,18 @@ def prose() -> list[tuple[str, str]]:
     return out
 
 
+def cell_python(source: str) -> str:
+    """The Python of a code cell: IPython's own transformer turns magics into calls
+    (``grads = %ranks pull g`` included); a ``%%ranks`` cell's body is Python run on the ranks,
+    so it is kept as code to check, not hidden in a string."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    lines = source.splitlines(True)
+    if lines and lines[0].startswith("%%ranks"):
+        lines = lines[1:]
+    return TransformerManager().transform_cell("".join(lines))
+
+
 def _code_cells():
     for page in _pages():
         if page.suffix != ".ipynb":
@@ -146,10 +158,7 @@ def _code_cells():
         name = page.relative_to(BOOK).as_posix()
         for i, cell in enumerate(json.loads(page.read_text(encoding="utf-8"))["cells"]):
             if cell["cell_type"] == "code" and "remove-cell" not in cell["metadata"].get("tags", []):
-                lines = "".join(cell["source"]).splitlines()
-                src = "\n".join("" if line.lstrip().startswith(("%", "!")) else line
-                                for line in lines)
-                yield f"{name}, ô {i}", ast.parse(src)
+                yield f"{name}, ô {i}", ast.parse(cell_python("".join(cell["source"])))
 
 
 def _sources():

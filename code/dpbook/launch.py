@@ -414,6 +414,25 @@ def leave_groups(backend: str, failed: bool) -> None:
         dist.destroy_process_group()
 
 
+def join_group(rank: int, world_size: int, backend: str, store_path: str, timeout: float) -> None:
+    """Make this process rank ``rank`` of a new default group: the environment torchrun would
+    set, the rank's GPU (NCCL) or its share of the CPU threads (gloo), and rendezvous on the
+    ``FileStore`` at ``store_path``. ``spawn``'s ranks and ``%ranks``' engines both join this way."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=str(world_size), **INIT_BARRIER)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    else:
+        # Ranks share the CPU: without this each would start one thread per core.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    wait = datetime.timedelta(seconds=timeout)
+    store = dist.FileStore(store_path, world_size)
+    store.set_timeout(wait)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=wait, **_bound_device(backend, rank))
+
+
 def _child(rank, world_size, backend, store_path, timeout, output, q, env, fn, args, kwargs):
     _guard_against_orphans()
     _capture_native_output(_native_log(store_path, rank))
@@ -426,24 +445,12 @@ def _child(rank, world_size, backend, store_path, timeout, output, q, env, fn, a
         sys.stdout = sys.stderr = open(os.devnull, "w")
     os.environ.clear()
     os.environ.update(env)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_WORLD_SIZE=str(world_size), **INIT_BARRIER)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
         if isinstance(fn, _ByValue):
             fn, args, kwargs = fn.load()
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        else:
-            # Ranks share the CPU: without this each would start one thread per core.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         # Longer than the caller's deadline, so that a hang ends in the caller's TimeoutError
         # (which names the stuck ranks), not in a rank's own collective timeout.
-        wait = datetime.timedelta(seconds=timeout + _OUTLIVE_S)
-        store = dist.FileStore(store_path, world_size)
-        store.set_timeout(wait)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=wait, **_bound_device(backend, rank))
+        join_group(rank, world_size, backend, store_path, timeout + _OUTLIVE_S)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
         _report_error(q, rank, exc)
         return

@@ -1,0 +1,127 @@
+"""``%ranks`` / ``%%ranks`` in a real Jupyter kernel, as a learner uses them: the issue's example,
+a failing rank, a hung collective, an interrupt, bad input, ``%ranks stop``, and a kernel that
+dies without stopping. One kernel for all of it: each start of the ranks costs seconds."""
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+from dpbook import ranks
+
+pytestmark = pytest.mark.distributed
+
+
+def _run(client, code, timeout=120):
+    out, errors = [], []
+
+    def hook(msg):
+        kind = msg["msg_type"]
+        if kind == "stream":
+            out.append(msg["content"]["text"])
+        elif kind == "error":
+            errors.append("\n".join(msg["content"]["traceback"]))
+        elif kind == "execute_result":
+            out.append(msg["content"]["data"]["text/plain"] + "\n")
+
+    reply = client.execute_interactive(code, timeout=timeout, output_hook=hook)
+    return reply["content"]["status"], "".join(out), "\n".join(errors)
+
+
+def _ok(client, code, timeout=120):
+    status, out, err = _run(client, code, timeout)
+    assert status == "ok", out + err
+    return out
+
+
+def _alive(pids):
+    return [p for p in pids if psutil.pid_exists(p)
+            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def _gone_within(pids, seconds):
+    deadline = time.monotonic() + seconds
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _alive(pids)
+
+
+def test_ranks_in_a_kernel():
+    km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60)
+    try:
+        _ok(kc, "%load_ext dpbook.ranks")
+        # Used before start, and bad arguments: Vietnamese messages, the kernel goes on.
+        status, _, err = _run(kc, "%%ranks\nprint(1)")
+        assert status == "error" and "%ranks start" in err
+        status, _, err = _run(kc, "%ranks start hai")
+        assert status == "error" and "Không hiểu 'hai'" in err
+        status, _, err = _run(kc, "%ranks start 0")
+        assert status == "error" and "world_size" in err
+
+        out = _ok(kc, "%ranks start 2")
+        assert "backend gloo, 2 process" in out
+        first = _ok(kc, "from dpbook import ranks as _r\nprint(_r.current().processes())")
+        pids = [int(p) for p in first.strip(" []\n").split(",")]
+        assert len(pids) == 3  # the controller and two engines
+
+        # The issue's example: variables live across cells; each line says its rank.
+        _ok(kc, "%%ranks\nimport torch, torch.distributed as dist\n"
+                "t = torch.ones(2) * (dist.get_rank() + 1)")
+        out = _ok(kc, "%%ranks\ndist.all_reduce(t); print(t.tolist())")
+        assert out.splitlines() == ["[rank 0] [3.0, 3.0]", "[rank 1] [3.0, 3.0]"]
+        assert "[rank 1] Out: 1" in _ok(kc, "%%ranks\nrank")
+
+        # A rank that raises: its traceback, the others' variables kept.
+        status, _, err = _run(kc, "%%ranks\nx = 1 / (rank - 1)")
+        assert status == "error" and "Rank 1 gặp lỗi" in err and "ZeroDivisionError" in err
+        assert "[3.0, 3.0]" in _ok(kc, "%%ranks\nprint(t.tolist())")
+
+        # Interrupt: plain Python on the ranks stops with KeyboardInterrupt, state kept.
+        msg_id = kc.execute("%%ranks\nimport time\ntime.sleep(60)")
+        time.sleep(2.0)
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        assert "[3.0, 3.0]" in _ok(kc, "%%ranks\nprint(t.tolist())")
+
+        # A collective only rank 0 calls: the deadline ends it, the ranks are fresh again.
+        status, _, err = _run(kc, "%%ranks --timeout 3\nif rank == 0:\n    dist.all_reduce(t)")
+        assert status == "error" and "Quá thời gian chờ 3 s: rank 0" in err and "đã mất" in err
+        assert _gone_within(pids, 10) == []  # the stuck engines were replaced, not left
+        assert "[rank 1] False" in _ok(kc, "%%ranks\nprint('t' in dir())")
+        status, _, err = _run(kc, "%%ranks --timeout x\nprint(1)")
+        assert status == "error" and "--timeout cần một số giây" in err
+
+        out = _ok(kc, "print(_r.current().processes())\n%ranks stop")
+        pids = [int(p) for p in out.splitlines()[0].strip(" []").split(",")]
+        assert "Đã dừng mọi rank." in out
+        assert _gone_within(pids, 10) == []
+
+        # A kernel that dies without %ranks stop: the reaper ends what it started.
+        _ok(kc, "%ranks start 2")
+        out = _ok(kc, "print(_r.current().processes())")
+        pids = [int(p) for p in out.strip(" []\n").split(",")]
+        os.kill(km.provisioner.process.pid, signal.SIGKILL)
+        assert _gone_within(pids, 15) == []
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_a_rank_outputs_are_labelled(capsys):
+    outputs = [ranks.RankOutput(0, "a\nb\n", "", "3", None), ranks.RankOutput(1, "c\n", "", None, None)]
+    ranks.show(outputs)
+    assert capsys.readouterr().out.splitlines() == [
+        "[rank 0] a", "[rank 0] b", "[rank 0] Out: 3", "[rank 1] c"]
+
+
+def test_a_stop_without_a_start_is_harmless():
+    r = ranks.Ranks(2, backend="gloo")
+    r.stop()
+    with pytest.raises(RuntimeError, match="%ranks start"):
+        r.run("print(1)")
