@@ -27,7 +27,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # 2 workers suit the 2-core reference machine; override with `make test JOBS=8`.
 JOBS ?= 2
 
-.PHONY: book test gpu-check doctor setup clean browser bench-launch
+.PHONY: book test lab gpu-check doctor setup clean browser bench-launch
 
 setup: $(STAMP)
 
@@ -52,6 +52,18 @@ $(STAMP): pyproject.toml constraints.txt
 book: $(STAMP)
 	$(BIN)/jupyter-book build . -W --keep-going
 	@echo "Sách HTML: $(CURDIR)/_build/html/index.html"
+
+# For learners: JupyterLab from the book's own .venv (its kernel imports dpbook, ipywidgets' live
+# controls work), opened at the chapter's first page (the server's default address, so the address it
+# prints opens that page too). A remote GPU box: `make lab LAB_ARGS="--no-browser
+# --ip=127.0.0.1 --port=8888"` there, then `ssh -L 8888:127.0.0.1:8888 box` and the printed address.
+LAB_PAGE := book/ch04/p1/01-nen-tang-toan-hoc.ipynb
+LAB_ARGS ?=
+# As root (a container, a cloud notebook) Jupyter refuses to start without --allow-root.
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+lab: $(STAMP)
+	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/$(LAB_PAGE) \
+	  $(LAB_ROOT) $(LAB_ARGS)
 
 # The browser tests drive Debian's Chromium through Playwright (Playwright cannot download its
 # own browser here). As root on Debian it is installed on demand; elsewhere the tests say why
