@@ -89,6 +89,26 @@ if not clean:
 """
 
 
+class Reaper:
+    """A small process that ends the process groups it is told about when this process dies
+    without saying goodbye (a crash, a kernel killed): its standard input is a pipe from this
+    process, and the operating system closes the pipe when this process ends, however it ends."""
+
+    def __init__(self) -> None:
+        self._proc = subprocess.Popen([sys.executable, "-c", _REAPER], stdin=subprocess.PIPE,
+                                      text=True, start_new_session=True)
+
+    def watch(self, pids: list[int]) -> None:
+        self._proc.stdin.write("".join(f"{p}\n" for p in pids))
+        self._proc.stdin.flush()
+
+    def release(self) -> None:
+        """A clean stop: the caller has ended the processes itself."""
+        self._proc.stdin.write("stop\n")
+        self._proc.stdin.close()
+        self._proc.wait(timeout=10)
+
+
 class RanksError(RuntimeError):
     """The learner's code failed on a rank, or the ranks did not finish in time. Jupyter shows
     only the message (the rank's own traceback included), not the magic's frames."""
@@ -128,8 +148,7 @@ class Ranks:
         import ipyparallel as ipp
 
         self._folder = tempfile.mkdtemp(prefix="dpbook-ranks-")
-        self._reaper = subprocess.Popen([sys.executable, "-c", _REAPER], stdin=subprocess.PIPE,
-                                        text=True, start_new_session=True)
+        self._reaper = Reaper()
         self._cluster = ipp.Cluster(n=self.world_size, log_level=_LOG_LEVEL,
                                     controller_args=list(_CONTROLLER_ARGS),
                                     engine_timeout=int(timeout), shutdown_atexit=True)
@@ -138,7 +157,7 @@ class Ranks:
             self._client = self._cluster.connect_client_sync()
             # interactive=False: no progress bar in the page while the engines register.
             self._client.wait_for_engines(self.world_size, timeout=timeout, interactive=False)
-            self._watch_processes()
+            self._reaper.watch(self.processes())
             ids = sorted(self._client.ids)[: self.world_size]
             store = os.path.join(self._folder, "store")
             joins = [self._client[e].apply_async(_join, r, self.world_size, self.plan.backend,
@@ -160,10 +179,6 @@ class Ranks:
         """Process ids of the controller and of every engine: what ``stop`` ends."""
         self._require_cluster()
         return [self._cluster.controller.process.pid] + self._engine_pids()
-
-    def _watch_processes(self) -> None:
-        self._reaper.stdin.write("".join(f"{p}\n" for p in self.processes()))
-        self._reaper.stdin.flush()
 
     def run(self, code: str, timeout: float = DEFAULT_TIMEOUT_S) -> list[RankOutput]:
         """Run ``code`` on every rank; each rank's output, in rank order. Raises ``RanksError``
@@ -247,9 +262,7 @@ class Ranks:
             finally:
                 self._cluster = None
         if self._reaper is not None:
-            self._reaper.stdin.write("stop\n")
-            self._reaper.stdin.close()
-            self._reaper.wait(timeout=10)
+            self._reaper.release()
             self._reaper = None
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)

@@ -1,9 +1,10 @@
 """``%ranks`` / ``%%ranks`` in a real Jupyter kernel, as a learner uses them: the issue's example,
-a failing rank, a hung collective, an interrupt, bad input, ``%ranks stop``, and a kernel that
-dies without stopping. One kernel for all of it: each start of the ranks costs seconds."""
+a failing rank, a hung collective, an interrupt, bad input, ``%ranks stop``. One kernel for all of
+it: each start of the ranks costs seconds. A process that dies without stopping its ranks is
+the reaper's test, on plain processes."""
 
-import os
-import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -89,25 +90,19 @@ def test_ranks_in_a_kernel():
         assert reply["content"]["ename"] == "KeyboardInterrupt"
         assert "[3.0, 3.0]" in _ok(kc, "%%ranks\nprint(t.tolist())")
 
+        status, _, err = _run(kc, "%%ranks --timeout x\nprint(1)")
+        assert status == "error" and "--timeout cần một số giây" in err
+
         # A collective only rank 0 calls: the deadline ends it, the ranks are fresh again.
         status, _, err = _run(kc, "%%ranks --timeout 3\nif rank == 0:\n    dist.all_reduce(t)")
         assert status == "error" and "Quá thời gian chờ 3 s: rank 0" in err and "đã mất" in err
         assert _gone_within(pids, 10) == []  # the stuck engines were replaced, not left
         assert "[rank 1] False" in _ok(kc, "%%ranks\nprint('t' in dir())")
-        status, _, err = _run(kc, "%%ranks --timeout x\nprint(1)")
-        assert status == "error" and "--timeout cần một số giây" in err
 
         out = _ok(kc, "print(_r.current().processes())\n%ranks stop")
         pids = [int(p) for p in out.splitlines()[0].strip(" []").split(",")]
         assert "Đã dừng mọi rank." in out
         assert _gone_within(pids, 10) == []
-
-        # A kernel that dies without %ranks stop: the reaper ends what it started.
-        _ok(kc, "%ranks start 2")
-        out = _ok(kc, "print(_r.current().processes())")
-        pids = [int(p) for p in out.strip(" []\n").split(",")]
-        os.kill(km.provisioner.process.pid, signal.SIGKILL)
-        assert _gone_within(pids, 15) == []
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -125,3 +120,36 @@ def test_a_stop_without_a_start_is_harmless():
     r.stop()
     with pytest.raises(RuntimeError, match="%ranks start"):
         r.run("print(1)")
+
+
+REAPED = """
+import os, signal, subprocess, sys
+from dpbook import ranks
+kids = [subprocess.Popen(["sleep", "60"], start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(2)]
+reaper = ranks.Reaper()
+reaper.watch([k.pid for k in kids])
+if sys.argv[1] == "release":
+    reaper.release()
+print(*[k.pid for k in kids], flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # dies as a crashed kernel does: no atexit, no cleanup
+"""
+
+
+@pytest.mark.parametrize("how", ["crash", "release"])
+def test_the_reaper_ends_what_a_dead_process_started(how):
+    proc = subprocess.run([sys.executable, "-c", REAPED, how], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == -9, proc.stderr
+    pids = [int(p) for p in proc.stdout.split()]
+    assert len(pids) == 2
+    try:
+        if how == "crash":
+            assert _gone_within(pids, 10) == []
+        else:  # a clean stop: the reaper leaves the processes to their owner
+            time.sleep(1.5)
+            assert _alive(pids) == pids
+    finally:
+        for p in _alive(pids):
+            psutil.Process(p).kill()
