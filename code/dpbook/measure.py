@@ -1,7 +1,8 @@
 """Measure in a real run what ``costs`` and ``memory`` predict.
 
 * ``CommLog``: every collective issued inside its ``with`` block, seen at the ``c10d`` operator
-  level through a ``TorchDispatchMode``. That level sees DDP's reducer, FSDP1 and FSDP2 alike
+  level through a ``TorchDispatchMode``, and every point-to-point ``send`` (as collective
+  ``"send"``, its bytes those of the tensor sent; ``volume()`` leaves sends out). That level sees DDP's reducer, FSDP1 and FSDP2 alike
   (FSDP2 calls the c10d operators directly, so patching ``torch.distributed.*`` functions would
   miss it).
 * ``state_bytes``: parameters, gradients and optimizer state a rank holds, by local size (a
@@ -38,6 +39,7 @@ _C10D_OPS = {
     "broadcast_": ("broadcast", "tensors"),
     "reduce_": ("reduce", "tensors"),
     "alltoall_base_": ("all_to_all", "input"),
+    "send": ("send", "tensors"),  # point to point (dist.send, dist.isend): the bytes handed over
 }
 
 
@@ -62,7 +64,10 @@ class CommRecord:
 
     @property
     def sent_bytes(self) -> float:
-        """What this rank sends for it under the ring algorithm."""
+        """What this rank sends for it: the tensor of a ``send``, else the ring algorithm's
+        share of a collective."""
+        if self.collective == "send":
+            return float(self.nbytes)
         return ring_bytes(self.collective, self.nbytes, self.group_size)
 
 
@@ -92,7 +97,7 @@ class CommLog(TorchDispatchMode):
     def _record(self, func, args, kwargs) -> None:
         name = func._schema.name.split("::")[-1]
         if name not in _C10D_OPS:
-            return  # barrier, send/recv and friends carry no tensor payload we account for
+            return  # barrier, recv (its bytes are the peer's send) and friends: not accounted for
         collective, tensor_arg = _C10D_OPS[name]
         bound = dict(zip((a.name for a in func._schema.arguments), args)) | kwargs
         group = torch.distributed.ProcessGroup.unbox(bound["process_group"])

@@ -92,3 +92,27 @@ def test_hybrid_shard_on_a_2x2_mesh(par):
     # Inside a "node" (2 ranks) the shard collectives; across the 2 replicas, AllReduce of shards
     assert {rec.group_size for rec in r["records"]} == {2}
     _check_state(r, 4, "HYBRID_SHARD", shard_size=2)
+
+
+def test_comm_log_records_sends_and_leaves_the_volume_alone():
+    def ring_step(rank, world_size):
+        import torch
+        import torch.distributed as dist
+
+        from dpbook.measure import CommLog
+
+        with CommLog() as log:
+            req = dist.isend(torch.ones(5), (rank + 1) % world_size)
+            dist.recv(torch.empty(5), (rank - 1) % world_size)
+            req.wait()
+            req = dist.isend(torch.ones(3, dtype=torch.float64), (rank + 1) % world_size)
+            dist.recv(torch.empty(3, dtype=torch.float64), (rank - 1) % world_size)
+            req.wait()
+            dist.all_reduce(torch.ones(2))
+        return log.records, log.volume()
+
+    for records, volume in launch.spawn(ring_step, world_size=2, backend="gloo", output="none"):
+        # the two sends (recv_ is not recorded: its bytes are the peer's send), then AllReduce
+        assert [(r.collective, r.nbytes, r.sent_bytes) for r in records] == [
+            ("send", 20, 20.0), ("send", 24, 24.0), ("all_reduce", 8, 8.0)]
+        assert volume.all_reduce == 8.0 and volume.total == 8.0

@@ -25,6 +25,8 @@ import torch
 
 from ... import torchrun, vi
 from ...checks import int_at_least
+from .. import report
+from ..report import Item, Verdict
 from . import GIVEN
 from .common import NUM_SAMPLES, TRACE_ENV, build_model, read_traces
 
@@ -34,23 +36,7 @@ CKPT = "model.pt"
 
 
 @dataclass(frozen=True)
-class Item:
-    """One check: a key, a Vietnamese title, the verdict, what was seen, how to fix it."""
-
-    key: str
-    title: str
-    passed: bool
-    detail: str = ""
-    hint: str = ""
-
-    def __str__(self) -> str:
-        text = f"{'✓' if self.passed else '✗'} {self.title}"
-        text += f": {self.detail}" if self.detail else ""
-        return text + (f"\n    → Gợi ý: {self.hint}" if not self.passed and self.hint else "")
-
-
-@dataclass(frozen=True)
-class Result:
+class Result(Verdict):
     """The verdict on one script: ``passed`` if every item passed."""
 
     script: str
@@ -60,20 +46,9 @@ class Result:
     max_weight_diff: float | None  # None: no comparable checkpoint
     loss: float | None  # the final loss the script saved
 
-    @property
-    def passed(self) -> bool:
-        return all(i.passed for i in self.items)
-
-    @property
-    def failed(self) -> list[str]:
-        return [i.key for i in self.items if not i.passed]
-
     def __str__(self) -> str:
-        lines = [f"Kiểm tra {Path(self.script).name} (torchrun, {self.nproc_per_node} process):"]
-        lines += [str(i) for i in self.items]
-        ok = sum(i.passed for i in self.items)
-        verdict = "ĐẠT" if self.passed else "CHƯA ĐẠT"
-        lines.append(f"==> {verdict}: {ok}/{len(self.items)} mục.")
+        lines = self.report_lines(
+            f"Kiểm tra {Path(self.script).name} (torchrun, {self.nproc_per_node} process):")
         if "exit" in self.failed:
             lines.append(_error_excerpt(self.output))
         return "\n".join(lines)
@@ -273,18 +248,9 @@ def check(script: str | os.PathLike, nproc_per_node: int = 2, epochs: int = 3,
 
 
 def main(argv=None) -> int:
-    """``python -m dpbook.labs.lab_a.checker SCRIPT [--nproc N]``: exit status 0 if every check
-    passes, 1 otherwise."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m dpbook.labs.lab_a.checker",
-                                     description="Chấm Bài A: chạy script DDP của bạn bằng "
-                                                 "torchrun và so với script một GPU.")
-    parser.add_argument("script", help="đường dẫn tới script DDP của bạn")
-    parser.add_argument("--nproc", type=int, default=2, help="số process (mặc định 2)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="thời hạn, giây")
-    args = parser.parse_args(argv)
-    return 0 if check(args.script, nproc_per_node=args.nproc, timeout=args.timeout).passed else 1
+    """``python -m dpbook.labs.lab_a.checker FILE [--nproc N] [--timeout S]``."""
+    return report.command_line(argv, "lab_a", "Chấm Bài A: chạy script DDP của bạn bằng torchrun và so với script một GPU.",
+                               "đường dẫn tới script DDP của bạn", lambda f, n, t: check(f, nproc_per_node=n, timeout=t), 300.0)
 
 
 if __name__ == "__main__":

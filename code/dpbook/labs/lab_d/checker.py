@@ -1,0 +1,386 @@
+"""The checker of lab D: run a learner's ``ring_all_reduce`` and ``MyDDP`` on 2 ranks, judge them.
+
+``check(path)`` starts the ranks once (``launch.spawn``; ``check_files`` judges several files in
+the same launch). On every rank ``measure`` loads the file and measures, without judging: the
+ring against ``dist.all_reduce`` on ``common.RING_SHAPES`` and the bytes it sends
+(``measure.CommLog`` records ``send``); ``MyDDP`` against PyTorch's DDP on ``common.LabNet``
+with the same cap and data (gradients after one step, weights after ``common.STEPS`` SGD steps),
+its AllReduces per step, how many AllReduces had been issued when each gradient became ready
+(hooks registered *before* MyDDP's, so they run first), and the state after construction from
+a different seed on each rank. The pure ``judge_*`` functions turn those measurements into
+items; ``Result`` prints them as in lab A.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ... import buckets, launch, vi
+from ...measure import CommLog
+from .. import report
+from ..report import Item, Verdict
+from . import NAMES, common, load
+
+GRAD_TOL = 1e-6  # fp32: the same sums in another order differ by ~1e-8
+RING_TOL = 1e-5  # relative; N = 2 sums two numbers, exactly as gloo does
+
+_LOAD_HINT = "file phải định nghĩa ring_all_reduce(tensor) và class MyDDP(torch.nn.Module)."
+
+
+@dataclass(frozen=True)
+class Result(Verdict):
+    """The verdict on one file: ``passed`` if every item passed; ``reports``: what each rank
+    measured (``None`` when the launch itself failed)."""
+
+    path: str
+    world_size: int
+    items: tuple[Item, ...]
+    reports: tuple[dict, ...] | None = None
+
+    def __str__(self) -> str:
+        return "\n".join(self.report_lines(f"Kiểm tra {Path(self.path).name} ({self.world_size} rank):"))
+
+
+# ---------------------------------------------------------------------------------- on the ranks
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
+def measure_ring(ring, rank: int, shapes=common.RING_SHAPES) -> list[dict]:
+    """Per shape: the largest relative error against ``dist.all_reduce``, the bytes this rank
+    sent and the other collectives it issued; stops at the first exception (the ranks'
+    point-to-point messages would no longer pair up)."""
+    out = []
+    for shape in shapes:
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(7 * rank + len(out)))
+        x = x.to(launch.device())
+        expected = x.clone()
+        dist.all_reduce(expected)
+        got = x.clone()
+        row = {"shape": tuple(shape), "numel": x.numel(), "nbytes": x.numel() * x.element_size()}
+        try:
+            with CommLog() as log:
+                ring(got)
+        except Exception as exc:  # noqa: BLE001 - the learner's code: report, do not crash
+            out.append(row | {"error": _error(exc)})
+            break
+        scale = expected.abs().max().item() if x.numel() else 1.0
+        diff = (got - expected).abs().max().item() / max(scale, 1e-30) if x.numel() else 0.0
+        sent = sum(r.nbytes for r in log.records if r.collective == "send")
+        others = sorted({r.collective for r in log.records if r.collective != "send"})
+        out.append(row | {"diff": diff, "sent": sent, "others": others})
+    return out
+
+
+def _max_diff(a, b) -> float:
+    diffs = [(x - y).abs().max().item() for x, y in zip(a, b)]
+    return max(diffs) if diffs else float("inf")
+
+
+def measure_ddp(MyDDP, rank: int, cap_mb: float = common.CAP_MB, steps: int = common.STEPS) -> dict:
+    """MyDDP and PyTorch's DDP side by side on ``LabNet``, same weights, cap and data."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dev = launch.device()
+    out: dict = {}
+    torch_model, my_model = common.build_model(0).to(dev), common.build_model(0).to(dev)
+    state = {"log": None, "seen": []}
+
+    def ready(_p):  # how many AllReduces this step had issued when this gradient was ready
+        log = state["log"]
+        state["seen"].append(sum(r.collective == "all_reduce" for r in log.records) if log else 0)
+
+    for p in my_model.parameters():  # registered before MyDDP's hooks, hence run before them
+        p.register_post_accumulate_grad_hook(ready)
+    ids = [dev.index] if dev.type == "cuda" else None
+    ddp = DDP(torch_model, device_ids=ids, bucket_cap_mb=cap_mb)
+    mine = MyDDP(my_model, bucket_cap_mb=cap_mb)
+    opts = [torch.optim.SGD(m.parameters(), lr=common.LR) for m in (torch_model, my_model)]
+    out["my_sizes"], out["ddp_sizes"], out["seen"] = [], [], []
+    for step in range(steps):
+        x, y = common.batch(rank, step, dev)
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        with CommLog() as log:
+            F.mse_loss(ddp(x), y).backward()
+        out["ddp_sizes"].append([r.nbytes for r in log.records if r.collective == "all_reduce"])
+        state["seen"] = []
+        with CommLog() as log:
+            state["log"] = log
+            F.mse_loss(mine(x), y).backward()
+            state["log"] = None
+            mine.finish_gradient_synchronization()
+        out["my_sizes"].append([r.nbytes for r in log.records if r.collective == "all_reduce"])
+        out["seen"].append(state["seen"])
+        if step == 0:
+            grads = [p.grad for p in my_model.parameters()]
+            out["grad_diff"] = (float("inf") if any(g is None for g in grads) else
+                                _max_diff([p.grad for p in torch_model.parameters()], grads))
+        for opt in opts:
+            opt.step()
+    out["weight_diff"] = _max_diff(list(torch_model.parameters()), list(my_model.parameters()))
+    return out
+
+
+def _flat_state(model) -> tuple[torch.Tensor, torch.Tensor]:
+    params = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
+    return params, torch.cat([b.reshape(-1).cpu() for b in model.buffers()])
+
+
+def measure_broadcast(MyDDP, rank: int) -> dict:
+    """Each rank builds LabNet from its own seed and wraps it: what is left of the difference."""
+    model = common.build_model(100 + rank).to(launch.device())
+    before = _flat_state(model)
+    MyDDP(model, bucket_cap_mb=common.CAP_MB)
+    return {"before": before, "after": _flat_state(model)}
+
+
+def measure(rank: int, world_size: int, paths: list[str]) -> list[dict]:
+    """Rank function for ``launch.spawn``: per file, what ``judge`` needs. Each part catches the
+    learner's exception (every rank runs the same code, so they fail together) and goes on."""
+    reports = []
+    for path in paths:
+        rep: dict = {"rank": rank}
+        try:
+            mod = load(path)
+            missing = [n for n in NAMES if not hasattr(mod, n)]
+            rep["load"] = f"thiếu {', '.join(missing)}" if missing else None
+        except Exception as exc:  # noqa: BLE001
+            rep["load"] = _error(exc)
+        if rep["load"] is None:
+            rep["ring"] = measure_ring(mod.ring_all_reduce, rank)
+            for key, fn in (("ddp", measure_ddp), ("broadcast", measure_broadcast)):
+                try:
+                    rep[key] = fn(mod.MyDDP, rank)
+                except Exception as exc:  # noqa: BLE001
+                    rep[key] = {"error": _error(exc)}
+            dist.barrier()
+        reports.append(rep)
+    return reports
+
+
+# ------------------------------------------------------------------------------- in the parent
+
+def expected_buckets(cap_mb: float = common.CAP_MB) -> list[buckets.Bucket]:
+    """The buckets PyTorch's DDP uses for ``LabNet`` with this cap once it has rebuilt them
+    (from step 2 on): packed in gradient-ready order, ``dpbook.buckets``."""
+    model = common.build_model(0)
+    setting = buckets.DdpSetting(bucket_cap_mb=cap_mb)
+    order = buckets.ready_order(model, common.batch(0, 0)[0])
+    return buckets.rebuilt_buckets(buckets.model_params(model), setting, order)
+
+
+def judge_load(reports: list[dict]) -> Item:
+    error = reports[0]["load"]
+    return Item("load", "Nạp được file, có ring_all_reduce và MyDDP", error is None,
+                error or "", _LOAD_HINT)
+
+
+def _skipped(key: str, title: str, why: str) -> Item:
+    return Item(key, title, False, f"không chạy được: {why}")
+
+
+def judge_ring(reports: list[dict], world: int) -> Item:
+    """Values equal ``dist.all_reduce`` on every shape, with send/recv only."""
+    title = "ring_all_reduce cộng đúng như dist.all_reduce, mọi kích thước"
+    hint = ("chia tensor phẳng thành N đoạn bằng tensor_split (đoạn đầu dài hơn một phần tử khi "
+            "N không chia hết); cộng tại chỗ vào các view của tensor, đừng trả về tensor mới.")
+    for row in zip(*(r["ring"] for r in reports)):
+        shape = "×".join(map(str, row[0]["shape"]))
+        if any("error" in r for r in row):
+            err = next(r["error"] for r in row if "error" in r)
+            return Item("ring", title, False, f"kích thước {shape}: {err}", hint)
+        others = sorted({c for r in row for c in r["others"]})
+        if others:
+            return Item("ring", title, False, f"kích thước {shape}: gọi {', '.join(others)}",
+                        "chỉ dùng dist.send/recv/isend/irecv; không gọi phép toán tập thể.")
+        worst = max(r["diff"] for r in row)
+        if worst > RING_TOL:
+            return Item("ring", title, False, f"kích thước {shape} ({vi.grouped(row[0]['numel'])} "
+                        f"phần tử): sai khác tương đối {vi.sci(worst, 1)}", hint)
+    shapes = ", ".join("×".join(map(str, r["shape"])) for r in reports[0]["ring"])
+    return Item("ring", title, True, f"{len(reports[0]['ring'])} kích thước ({shapes}), N = {world}")
+
+
+def judge_ring_bytes(reports: list[dict], world: int) -> Item:
+    """Each rank sends 2 (N-1)/N of the bytes: exactly when N divides the size; for any size
+    the ranks together send 2 (N-1) times the bytes and each at most 2 (N-1) chunks of ceil."""
+    title = "Mỗi rank gửi 2(N − 1)/N số byte của tensor"
+    hint = ("mỗi bước mỗi rank gửi đúng MỘT đoạn (1/N tensor) cho rank bên phải: N − 1 bước "
+            "ReduceScatter rồi N − 1 bước AllGather; đừng gửi cả tensor.")
+    rows = list(zip(*(r["ring"] for r in reports)))
+    if not rows or any("error" in r for row in rows for r in row):
+        return _skipped("ring_bytes", title, "ring_all_reduce chưa chạy xong mọi kích thước")
+    for row in rows:
+        n, nbytes = row[0]["numel"], row[0]["nbytes"]
+        elem = nbytes // max(n, 1)
+        sent = [r["sent"] for r in row]
+        shape = "×".join(map(str, row[0]["shape"]))
+        ok = sum(sent) == 2 * (world - 1) * nbytes and all(
+            s <= 2 * (world - 1) * -(-n // world) * elem for s in sent)
+        if n % world == 0:
+            ok = ok and all(s == 2 * (world - 1) * nbytes // world for s in sent)
+        if not ok:
+            want = (f"{vi.grouped(2 * (world - 1) * nbytes // world)} mỗi rank"
+                    if n % world == 0 or world == 2 else
+                    f"tổng {vi.grouped(2 * (world - 1) * nbytes)} trên các rank")
+            if sum(sent) < 2 * (world - 1) * nbytes:
+                hint = ("có phần tử không được gửi đi: N đoạn phải phủ TOÀN BỘ tensor, kể cả "
+                        "phần dư khi N không chia hết kích thước (tensor_split).")
+            return Item("ring_bytes", title, False, f"kích thước {shape} ({vi.grouped(nbytes)} "
+                        f"byte): các rank gửi {', '.join(vi.grouped(s) for s in sent)} byte, "
+                        f"mong đợi {want}", hint)
+    big = rows[-1]
+    return Item("ring_bytes", title, True, f"{vi.grouped(big[0]['nbytes'])} byte: mỗi rank gửi "
+                f"{', '.join(vi.grouped(r['sent']) for r in big)} byte")
+
+
+def judge_grads(reports: list[dict]) -> Item:
+    title = "Gradient sau một bước bằng gradient của DistributedDataParallel"
+    if "error" in reports[0]["ddp"]:
+        return Item("grads", title, False, reports[0]["ddp"]["error"],
+                    "đọc thông báo lỗi; lỗi xảy ra khi dựng MyDDP hoặc trong bước huấn luyện.")
+    diff = max(r["ddp"]["grad_diff"] for r in reports)
+    hint = ("sau finish_gradient_synchronization(), mỗi .grad phải là TRUNG BÌNH trên các rank: "
+            "chia tổng cho world size; chép đúng đoạn của bucket về đúng tham số.")
+    return Item("grads", title, diff <= GRAD_TOL, f"sai khác lớn nhất {vi.sci(diff, 1)} (ngưỡng "
+                f"{vi.sci(GRAD_TOL, 0)})", hint)
+
+
+def judge_weights(reports: list[dict], steps: int = common.STEPS) -> Item:
+    title = f"Trọng số sau {steps} bước SGD bằng trọng số của DistributedDataParallel"
+    if "error" in reports[0]["ddp"]:
+        return _skipped("weights", title, "MyDDP lỗi (xem mục trên)")
+    diff = max(r["ddp"]["weight_diff"] for r in reports)
+    hint = ("mỗi bước phải chờ mọi bucket rồi mới optimizer.step(); bucket nào cũng phải được "
+            "gửi, kể cả bucket cuối chưa đầy.")
+    return Item("weights", title, diff <= GRAD_TOL, f"sai khác lớn nhất {vi.sci(diff, 1)}", hint)
+
+
+def judge_buckets(reports: list[dict], expected: list[buckets.Bucket], cap_bytes: int,
+                  largest: int) -> Item:
+    """Per step as many AllReduces as DDP's buckets for this cap, none above cap + one tensor,
+    together every gradient once."""
+    title = "Mỗi bước số AllReduce bằng số bucket của DDP, không bucket nào vượt giới hạn"
+    if "error" in reports[0]["ddp"]:
+        return _skipped("buckets", title, "MyDDP lỗi (xem mục trên)")
+    hint = ("gom gradient theo thứ tự chúng sẵn sàng; đóng bucket ngay khi số byte của nó >= "
+            "bucket_cap_mb × 1024 × 1024 (gradient làm vượt ở lại trong bucket), phát mỗi bucket "
+            "bằng dist.all_reduce(flat, async_op=True).")
+    want, total = len(expected), sum(b.nbytes for b in expected)
+    for step, sizes in enumerate(reports[0]["ddp"]["my_sizes"], 1):
+        seen = (f"bước {step}: {len(sizes)} AllReduce "
+                f"({', '.join(vi.grouped(s) for s in sizes)} byte), DDP dùng {want} bucket")
+        if len(sizes) != want or sum(sizes) != total or max(sizes) > cap_bytes + largest:
+            return Item("buckets", title, False, seen, hint)
+    return Item("buckets", title, True, f"{want} AllReduce mỗi bước, lớn nhất "
+                f"{vi.grouped(max(reports[0]['ddp']['my_sizes'][0]))} byte ≤ giới hạn "
+                f"{vi.grouped(cap_bytes)} + tensor lớn nhất {vi.grouped(largest)} byte")
+
+
+def judge_overlap(reports: list[dict]) -> Item:
+    """The first AllReduce of every step is issued before the last gradient is ready."""
+    title = "AllReduce của bucket đầu được phát trong lúc backward còn chạy"
+    if "error" in reports[0]["ddp"]:
+        return _skipped("overlap", title, "MyDDP lỗi (xem mục trên)")
+    hint = ("phát mỗi bucket ngay trong hook, khi nó vừa đầy, bằng dist.all_reduce(..., "
+            "async_op=True); chỉ chờ (work.wait()) trong finish_gradient_synchronization().")
+    for step, seen in enumerate(reports[0]["ddp"]["seen"], 1):
+        if not seen:
+            return Item("overlap", title, False, f"bước {step}: không hook nào chạy", hint)
+        if seen[-1] == 0:
+            return Item("overlap", title, False, f"bước {step}: chưa có AllReduce nào được phát khi "
+                        f"gradient cuối cùng ({len(seen)}/{len(seen)}) sẵn sàng", hint)
+    seen = reports[0]["ddp"]["seen"][0]
+    first = next(i for i, n in enumerate(seen) if n > 0)
+    return Item("overlap", title, True, f"AllReduce đầu tiên phát khi mới {first}/{len(seen)} "
+                "gradient sẵn sàng")
+
+
+def judge_broadcast(reports: list[dict]) -> Item:
+    title = "Các rank khởi tạo với seed khác nhau vẫn bằng nhau sau khi dựng MyDDP"
+    hint = ("trong __init__, dist.broadcast(t, src=0) mọi tham số VÀ buffer "
+            "(module.buffers()) trong torch.no_grad().")
+    if any("error" in r["broadcast"] for r in reports):
+        return Item("broadcast", title, False, reports[0]["broadcast"]["error"], hint)
+    (p0, b0), rest = reports[0]["broadcast"]["before"], reports[1:]
+    p_diff = max(_max_diff([p0], [r["broadcast"]["after"][0]]) for r in reports)
+    b_diff = max(_max_diff([b0], [r["broadcast"]["after"][1]]) for r in reports)
+    spread = max(_max_diff([p0], [r["broadcast"]["before"][0]]) for r in rest)
+    ok = p_diff == 0 and b_diff == 0 and spread > 0
+    return Item("broadcast", title, ok, f"trước khi dựng các rank lệch nhau tới "
+                f"{vi.number(spread, 3)}; sau khi dựng, lệch so với rank 0: tham số "
+                f"{vi.general(p_diff)}, buffer {vi.general(b_diff)}", hint)
+
+
+def judge(path: str, reports: list[dict], cap_mb: float = common.CAP_MB) -> Result:
+    """The items of one file from what its ranks measured."""
+    world = len(reports)
+    items = [judge_load(reports)]
+    if items[0].passed:
+        expected = expected_buckets(cap_mb)
+        largest = max(p.numel() for p in common.build_model(0).parameters()) * 4
+        items += [judge_ring(reports, world), judge_ring_bytes(reports, world),
+                  judge_grads(reports), judge_weights(reports),
+                  judge_buckets(reports, expected, int(cap_mb * 1024 * 1024), largest),
+                  judge_overlap(reports), judge_broadcast(reports)]
+    return Result(str(path), world, tuple(items), tuple(reports))
+
+
+def failed_launch(path: str, world: int, exc: BaseException) -> Result:
+    """Every rank had to be stopped: one item that says why."""
+    if isinstance(exc, TimeoutError):
+        detail, hint = "quá thời gian, đã dừng mọi process", (
+            "các rank đang chờ nhau: send/recv không thành cặp (mỗi bước mỗi rank gửi sang phải "
+            "và nhận từ trái), hoặc một rank bỏ qua một phép toán tập thể mà rank kia gọi.")
+    else:
+        detail, hint = str(exc).strip().splitlines()[-1][:300], "đọc lỗi ở trên."
+    return Result(str(path), world, (Item("launch", "Chạy xong trên mọi rank", False, detail,
+                                          hint),))
+
+
+def check_files(paths, world_size: int = 2, timeout: float = 120.0, verbose: bool = True,
+                backend: str = "auto") -> list[Result]:
+    """Judge several files in ONE launch of ``world_size`` ranks; print each report if
+    ``verbose``."""
+    paths = [str(Path(p).resolve()) for p in paths]
+    for p in paths:
+        if not Path(p).is_file():
+            raise ValueError(f"Không thấy file {p!r}: cần đường dẫn tới file .py của bạn.")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
+        raise ValueError(f"world_size phải là số nguyên >= 2 (một vòng cần ít nhất hai rank), "
+                         f"nhận được {world_size!r}.")
+    try:
+        per_rank = launch.spawn(measure, paths, world_size=world_size, backend=backend,
+                                timeout=timeout, output="none")
+        results = [judge(p, [r[i] for r in per_rank]) for i, p in enumerate(paths)]
+    except (launch.RankError, TimeoutError) as exc:
+        results = [failed_launch(p, world_size, exc) for p in paths]
+    if verbose:
+        for r in results:
+            print(r)
+    return results
+
+
+def check(path: str | os.PathLike, world_size: int = 2, timeout: float = 120.0,
+          verbose: bool = True, backend: str = "auto") -> Result:
+    """Run the file ``path`` on ``world_size`` ranks (NCCL with a GPU each, else gloo), judge
+    it, print the report if ``verbose``, return the ``Result``."""
+    return check_files([path], world_size, timeout, verbose, backend)[0]
+
+
+def main(argv=None) -> int:
+    """``python -m dpbook.labs.lab_d.checker FILE [--nproc N] [--timeout S]``."""
+    return report.command_line(argv, "lab_d", "Chấm Bài D: chạy ring_all_reduce và MyDDP của bạn trên nhiều rank, so với PyTorch.",
+                               "đường dẫn tới file .py của bạn", check, 120.0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
