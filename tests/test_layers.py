@@ -25,7 +25,8 @@ PKG = ROOT / "code" / "dpbook"
 # Layer of each top-level name (module or subpackage), lowest first.
 LAYERS = {
     0: ("checks", "vi", "style"),  # shared vocabulary
-    1: ("collectives", "costs", "memory", "buckets", "shapes", "averaging", "overlap"),  # formulas
+    1: ("collectives", "costs", "memory", "buckets", "shapes", "averaging", "overlap",
+        "decision"),  # formulas, and the decision rule of 4.1.8 built on them
     2: ("models", "data", "launch", "torchrun", "train", "measure", "bench", "tracing", "workers", "gil", "ranks",
         "accumulation"),  # real processes, real models
     3: ("widgets",),

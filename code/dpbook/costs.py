@@ -227,3 +227,79 @@ def rooted_bytes(collective: str, nbytes: float, world_size: int,
         sent[src] += float(nbytes)
         received[dst] += float(nbytes)
     return RankTraffic(tuple(sent), tuple(received))
+
+
+# --- one step on nodes x GPUs: communication time with separate intra- and inter-node links
+
+@dataclass(frozen=True)
+class StepTime:
+    """Alpha-beta time of one training step, in seconds (``step_time``)."""
+
+    comm_seconds: float  # every collective of the step, one after another (one stream)
+    serial_seconds: float  # compute, then all the communication: nothing overlaps
+    overlap_seconds: float  # the lower bound of 4.1.4 with equal pieces
+
+
+def _positive(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} phải là số dương, nhận được {value!r}.")
+
+
+def step_time(param_bytes: float, strategy: str, nodes: int, gpus_per_node: int, *,
+              compute_seconds: float, messages: int = 1, alpha_intra: float,
+              bandwidth_intra: float, alpha_inter: float, bandwidth_inter: float,
+              root_bytes: float = 0.0) -> StepTime:
+    """Alpha-beta time of one step of ``strategy`` on ``nodes`` x ``gpus_per_node`` ranks.
+
+    The bytes are ``fsdp_step_bytes`` (``ddp_step_bytes`` for DDP and NO_SHARD; HYBRID_SHARD
+    with one node as the shard group). Each collective of the step runs as a ring: ``steps``
+    messages (``2(n-1)`` for AllReduce, ``n-1`` for AllGather and ReduceScatter over ``n``
+    ranks), each costing a latency, and the bytes one rank sends (``v``) at the speed of the
+    slowest link. A ring inside one node pays ``alpha_intra`` per message and moves ``v`` at
+    ``bandwidth_intra`` (per GPU, per direction). A ring that crosses nodes pays
+    ``alpha_inter`` and is as fast as its slowest link: ``max(v / bandwidth_intra,
+    v_node / bandwidth_inter)``, where ``v_node`` is what one node sends to the others
+    (``internode_bytes``: ``v`` for a ring over every rank, ``gpus_per_node * v`` for
+    HYBRID_SHARD's AllReduces, whose rings share the node's network) and ``bandwidth_inter``
+    the node's network bandwidth (per node, per direction). A collective of zero bytes is not
+    issued (SHARD_GRAD_OP's backward AllGather).
+
+    ``messages``: each collective is issued in that many equal pieces (DDP's buckets, FSDP's
+    units), each paying its own latency. ``compute_seconds``: the compute the communication
+    can hide behind. ``serial_seconds = compute + comm``; ``overlap_seconds`` is the bound of
+    section 4.1.4, ``max(T_c + T_last, sum_k T_k)``, with the last piece ``comm / messages``:
+    at best every piece but the last hides behind compute. Perfect overlap is assumed (no
+    slowdown of compute by communication kernels), as in ``overlap.alpha_beta_timeline``.
+    """
+    int_at_least("nodes", nodes)
+    int_at_least("gpus_per_node", gpus_per_node)
+    one_of("strategy", strategy, STRATEGIES)
+    non_negative("compute_seconds", compute_seconds)
+    int_at_least("messages", messages)
+    non_negative("alpha_intra", alpha_intra)
+    _positive("bandwidth_intra", bandwidth_intra)
+    non_negative("alpha_inter", alpha_inter)
+    _positive("bandwidth_inter", bandwidth_inter)
+    world = nodes * gpus_per_node
+    hybrid = strategy == "HYBRID_SHARD"
+    volume = fsdp_step_bytes(param_bytes, world, strategy, root_bytes=root_bytes,
+                             shard_size=gpus_per_node if hybrid else None)
+    group = gpus_per_node if hybrid else world  # the AllGathers' and ReduceScatter's ranks
+    rings = (  # (bytes one rank sends, ring messages, crosses nodes, rings sharing a NIC)
+        (volume.all_gather_forward, group - 1, nodes > 1 and not hybrid, 1),
+        (volume.all_gather_backward, group - 1, nodes > 1 and not hybrid, 1),
+        (volume.reduce_scatter, group - 1, nodes > 1 and not hybrid, 1),
+        (volume.all_reduce, 2 * ((nodes if hybrid else world) - 1), nodes > 1,
+         gpus_per_node if hybrid else 1),
+    )
+    comm = 0.0
+    for v, steps, crosses, shared in rings:
+        if v == 0:
+            continue
+        if crosses:
+            comm += messages * steps * alpha_inter + max(v / bandwidth_intra,
+                                                         shared * v / bandwidth_inter)
+        else:
+            comm += messages * steps * alpha_intra + v / bandwidth_intra
+    return StepTime(comm_seconds=comm, serial_seconds=compute_seconds + comm,
+                    overlap_seconds=max(compute_seconds + comm / messages, comm))

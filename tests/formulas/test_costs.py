@@ -108,3 +108,62 @@ def test_star_route_is_the_naive_scheme_at_the_root(n):
 def test_rooted_bytes_rejects_bad_inputs(call, word):
     with pytest.raises(ValueError, match=word):
         call()
+
+
+# --- step_time: alpha-beta time of one step on nodes x GPUs
+
+LINKS = dict(alpha_intra=5e-6, bandwidth_intra=200e9, alpha_inter=20e-6, bandwidth_inter=25e9)
+
+
+def test_step_time_on_one_node_is_alpha_beta_time_of_each_collective():
+    t = costs.step_time(PSI, "DDP", 1, 8, compute_seconds=0.1, **LINKS)
+    assert t.comm_seconds == costs.alpha_beta_time("all_reduce", PSI, 8, 5e-6, 200e9)
+    t = costs.step_time(PSI, "FULL_SHARD", 1, 8, compute_seconds=0.1, **LINKS)
+    ag = costs.alpha_beta_time("all_gather", PSI, 8, 5e-6, 200e9)
+    rs = costs.alpha_beta_time("reduce_scatter", PSI, 8, 5e-6, 200e9)
+    assert t.comm_seconds == pytest.approx(2 * ag + rs, rel=1e-12)
+    assert t.serial_seconds == 0.1 + t.comm_seconds
+    # SHARD_GRAD_OP issues no backward AllGather: neither its bytes nor its latency
+    sgo = costs.step_time(PSI, "SHARD_GRAD_OP", 1, 8, compute_seconds=0.1, **LINKS)
+    assert sgo.comm_seconds == pytest.approx(ag + rs, rel=1e-12)
+
+
+def test_step_time_across_nodes_runs_at_the_slowest_link_and_matches_internode_bytes():
+    t = costs.step_time(PSI, "DDP", 4, 8, compute_seconds=0.0, **LINKS)
+    v = costs.ring_bytes("all_reduce", PSI, 32)
+    assert t.comm_seconds == pytest.approx(2 * 31 * 20e-6 + v / 25e9, rel=1e-12)
+    # HYBRID_SHARD: gathers inside the node; 8 rings of Psi/8 share the node's network
+    h = costs.step_time(PSI, "HYBRID_SHARD", 4, 8, compute_seconds=0.0, **LINKS)
+    vol = costs.fsdp_step_bytes(PSI, 32, "HYBRID_SHARD", shard_size=8)
+    node = costs.internode_bytes(vol, "HYBRID_SHARD", 4, 8)
+    inside = 3 * 7 * 5e-6 + (vol.all_gather_forward + vol.all_gather_backward
+                             + vol.reduce_scatter) / 200e9
+    assert h.comm_seconds == pytest.approx(inside + 2 * 3 * 20e-6 + node / 25e9, rel=1e-12)
+    assert h.comm_seconds < costs.step_time(PSI, "FULL_SHARD", 4, 8, compute_seconds=0.0,
+                                            **LINKS).comm_seconds
+
+
+def test_step_time_overlap_is_the_bucket_bound_of_4_1_4():
+    one = costs.step_time(PSI, "DDP", 1, 8, compute_seconds=0.5, **LINKS)
+    assert one.overlap_seconds == one.serial_seconds  # one piece: nothing hides
+    many = costs.step_time(PSI, "DDP", 1, 8, compute_seconds=0.5, messages=100, **LINKS)
+    assert many.comm_seconds == pytest.approx(one.comm_seconds + 99 * 14 * 5e-6, rel=1e-12)
+    assert many.overlap_seconds == max(0.5 + many.comm_seconds / 100, many.comm_seconds)
+    assert many.overlap_seconds < one.overlap_seconds
+    slow = costs.step_time(PSI, "DDP", 4, 8, compute_seconds=0.01, messages=10, **LINKS)
+    assert slow.overlap_seconds == slow.comm_seconds  # communication-bound
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"nodes": 0}, "nodes phải là số nguyên >= 1, nhận được 0."),
+    ({"strategy": "ZeRO-1"}, "strategy='ZeRO-1' không hợp lệ"),
+    ({"compute_seconds": -1}, "compute_seconds phải là số không âm"),
+    ({"messages": 0}, "messages phải là số nguyên >= 1"),
+    ({"bandwidth_inter": 0}, "bandwidth_inter phải là số dương, nhận được 0."),
+    ({"root_bytes": 2 * PSI}, "root_bytes phải nằm trong [0, param_bytes]"),
+])
+def test_step_time_refuses_bad_inputs(kwargs, message):
+    args = dict(param_bytes=PSI, strategy="DDP", nodes=2, gpus_per_node=8, compute_seconds=0.1,
+                **LINKS) | kwargs
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        costs.step_time(**args)

@@ -1,0 +1,382 @@
+/* The book's calculators, offline: the formulas of dpbook.memory, dpbook.costs and
+   dpbook.decision, and the number formatter of dpbook.vi, in plain JavaScript.
+   window.dpbookCalc.{ledger, stepBytes, stepTime, recommend} take the Python keyword arguments
+   as one object and return the Python fields (bytes, seconds), or {error: message} with the
+   Vietnamese message of the Python ValueError. tests/widgets/test_calculator.py checks them
+   against Python in headless Chromium. The tables (presets, cards, bytes per parameter) come
+   from Python as JSON (DATA below); only the formulas are written twice.
+   JavaScript has one kind of number: an integral value counts as a Python int. */
+(function () {
+  if (window.dpbookCalc) { return; }
+  var DATA = JSON.parse(document.querySelector("script.dpbook-calc-data").textContent);
+  var GB = 1e9, MB = 1e6, KB = 1e3, NARROW = "\u202f";
+
+  // --- Python's repr, for the messages of dpbook.checks
+  function repr(v) {
+    if (v === null || v === undefined) { return "None"; }
+    if (v === true) { return "True"; }
+    if (v === false) { return "False"; }
+    if (typeof v === "string") {
+      var q = v.indexOf("'") >= 0 && v.indexOf('"') < 0 ? '"' : "'";
+      var body = v.replace(/\\/g, "\\\\");
+      if (q === "'") { body = body.replace(/'/g, "\\'"); }
+      return q + body + q;
+    }
+    if (typeof v === "number") {
+      if (isNaN(v)) { return "nan"; }
+      if (!isFinite(v)) { return v > 0 ? "inf" : "-inf"; }
+      if (Number.isInteger(v) && Math.abs(v) < 1e16) { return String(v); }
+      var e = v.toExponential(), m = e.split("e"), exp = parseInt(m[1], 10);
+      if (exp < -4 || exp >= 16) {
+        return m[0] + "e" + (exp < 0 ? "-" : "+") + (Math.abs(exp) < 10 ? "0" : "") + Math.abs(exp);
+      }
+      return String(v);
+    }
+    if (Array.isArray(v)) { return "[" + v.map(repr).join(", ") + "]"; }
+    return String(v);
+  }
+  function tuple(items) {
+    return "(" + items.map(repr).join(", ") + (items.length === 1 ? ",)" : ")");
+  }
+  function fail(message) { var e = new Error(message); e.dpbook = true; throw e; }
+  function isInt(v) { return typeof v === "number" && Number.isInteger(v); }
+  function oneOf(name, value, allowed) {
+    if (allowed.indexOf(value) < 0) {
+      fail(name + "=" + repr(value) + " không hợp lệ; chỉ nhận một trong " + tuple(allowed) + ".");
+    }
+  }
+  function intAtLeast(name, value, minimum) {
+    minimum = minimum === undefined ? 1 : minimum;
+    if (!isInt(value) || value < minimum) {
+      fail(name + " phải là số nguyên >= " + minimum + ", nhận được " + repr(value) + ".");
+    }
+  }
+  function nonNegative(name, value) {
+    if (typeof value !== "number" || value < 0) {
+      fail(name + " phải là số không âm, nhận được " + repr(value) + ".");
+    }
+  }
+  function positive(name, value) {
+    if (typeof value !== "number" || !(value > 0)) {
+      fail(name + " phải là số dương, nhận được " + repr(value) + ".");
+    }
+  }
+  function pick(inputs, name, fallback) {
+    return inputs[name] === undefined ? fallback : inputs[name];
+  }
+
+  // --- dpbook.vi: Python's format(x, ",.{d}f") with a decimal comma and the given grouping
+  function increment(digits) {
+    var out = digits.split(""), i = out.length - 1;
+    while (i >= 0) {
+      if (out[i] === "9") { out[i] = "0"; i -= 1; } else { out[i] = String(+out[i] + 1); break; }
+    }
+    return (i < 0 ? "1" : "") + out.join("");
+  }
+  function fixed(x, d) {  // format(x, f".{d}f"): the exact binary value, ties to even
+    if (isNaN(x)) { return "nan"; }
+    if (!isFinite(x)) { return x > 0 ? "inf" : "-inf"; }
+    var neg = x < 0 || (x === 0 && 1 / x < 0), s = Math.abs(x).toFixed(Math.min(100, d + 40));
+    var dot = s.indexOf("."), ip = s.slice(0, dot), fp = s.slice(dot + 1);
+    var keep = fp.slice(0, d), rest = fp.slice(d), digits = ip + keep;
+    var last = +digits[digits.length - 1];
+    if (rest[0] > "5" || (rest[0] === "5" && (/[1-9]/.test(rest.slice(1)) || last % 2 === 1))) {
+      digits = increment(digits);
+    }
+    var head = digits.slice(0, digits.length - d), tail = digits.slice(digits.length - d);
+    return (neg ? "-" : "") + head + (d > 0 ? "." + tail : "");
+  }
+  function number(x, decimals, opts) {
+    opts = opts || {};
+    decimals = decimals || 0;
+    var group = opts.group || "", text = fixed(x, decimals);
+    if (opts.trim && text.indexOf(".") >= 0) { text = text.replace(/0+$/, "").replace(/\.$/, ""); }
+    var neg = text[0] === "-", body = neg ? text.slice(1) : text, dot = body.indexOf(".");
+    var ip = dot < 0 ? body : body.slice(0, dot), fp = dot < 0 ? "" : body.slice(dot + 1);
+    if (group && /^[0-9]+$/.test(ip)) { ip = ip.replace(/\B(?=(\d{3})+(?!\d))/g, group); }
+    var sign = neg ? "-" : (opts.sign ? "+" : "");
+    return sign + ip + (dot < 0 ? "" : "," + fp);
+  }
+  function short(x) { return number(x, x >= 100 ? 0 : x >= 10 ? 1 : 2, {trim: true}); }
+  function nbytes(n) {
+    var units = [["GB", GB], ["MB", MB], ["KB", KB]];
+    for (var i = 0; i < units.length; i++) {
+      if (n >= units[i][1]) { return short(n / units[i][1]) + " " + units[i][0]; }
+    }
+    return short(n) + " B";
+  }
+  function grouped(n, sep) { return number(n, 0, {group: sep === undefined ? NARROW : sep}); }
+  function percent(f, d) { return number(100 * f, d === undefined ? 1 : d) + "%"; }
+  function ms(s, d) { return number(s * 1e3, d === undefined ? 2 : d) + " ms"; }
+
+  // --- dpbook.memory.vram_ledger
+  var M = DATA.memory;
+  function applyPreset(a, keys) {
+    if (a.preset === undefined) { return a; }
+    oneOf("preset", a.preset, Object.keys(DATA.presets));
+    var p = DATA.presets[a.preset], out = {};
+    for (var k in a) { if (k !== "preset") { out[k] = a[k]; } }
+    out.num_params = p.num_params;
+    out[keys[0]] = p.largest_unit;
+    out[keys[1]] = p.root_unit;
+    return out;
+  }
+  function bytesPerParam(precision, optimizer) {
+    oneOf("precision", precision, M.precisions);
+    oneOf("optimizer", optimizer, M.optimizers);
+    return M.bytes_per_param[precision][optimizer];
+  }
+  function vramLedger(a) {
+    var P = a.num_params, N = pick(a, "world_size", 1), strategy = pick(a, "strategy", "DDP");
+    var phase = pick(a, "phase", "rest"), S = pick(a, "shard_size", null);
+    var unit = pick(a, "largest_unit_params", 0), root = pick(a, "root_unit_params", 0);
+    var act = pick(a, "activation_bytes", 0);
+    intAtLeast("num_params", P);
+    intAtLeast("world_size", N);
+    oneOf("strategy", strategy, M.strategies);
+    oneOf("phase", phase, M.phases);
+    if (strategy === "HYBRID_SHARD" && !(isInt(S) && S >= 1 && N % S === 0)) {
+      fail("HYBRID_SHARD cần shard_size là ước số nguyên dương của world_size=" + N +
+           " (thường là số GPU mỗi máy), nhận được " + repr(S) + ".");
+    }
+    if (!(isInt(unit) && isInt(root) && unit >= 0 && root >= 0 && unit + root <= P)) {
+      fail("largest_unit_params và root_unit_params phải là số nguyên không âm, tổng (số tham " +
+           "số gom về cùng lúc) không quá num_params=" + P + "; nhận được " + repr(unit) +
+           " và " + repr(root) + ".");
+    }
+    nonNegative("activation_bytes", act);
+    var b = bytesPerParam(pick(a, "precision", "fp32"), pick(a, "optimizer", "adam"));
+    var n = strategy === "HYBRID_SHARD" ? S : N, sh = M.sharded[strategy];
+    var params = P * b[0] / (sh[0] ? n : 1);
+    if (phase === "step" && strategy === "SHARD_GRAD_OP") {
+      params = P * b[0];
+    } else if (phase === "step" && ["FULL_SHARD", "ZeRO-3", "HYBRID_SHARD"].indexOf(strategy) >= 0) {
+      params += (unit + root) * b[0] * (n - 1) / n;
+    }
+    var led = {params: params, grads: P * b[1] / (sh[1] ? n : 1),
+               optimizer: P * b[2] / (sh[2] ? n : 1), activations: act};
+    led.state = led.params + led.grads + led.optimizer;
+    led.total = led.state + led.activations;
+    return led;
+  }
+  function ledger(inputs) {
+    return guard(function () {
+      var led = vramLedger(applyPreset(inputs, ["largest_unit_params", "root_unit_params"]));
+      led.fits = DATA.cards.map(function (c) { return led.total <= c.usable_bytes; });
+      return led;
+    });
+  }
+
+  // --- dpbook.costs
+  var C = DATA.costs;
+  function ringBytes(collective, nbytes, n) {
+    nonNegative("nbytes", nbytes);
+    var f = collective === "all_reduce" ? 2 * (n - 1) / n : (n - 1) / n;
+    return f * nbytes;
+  }
+  function volume(ag1, ag2, rs, ar) {
+    var v = {all_gather_forward: ag1, all_gather_backward: ag2, reduce_scatter: rs,
+             all_reduce: ar};
+    v.total = 0 + ag1 + ag2 + rs + ar;
+    return v;
+  }
+  function ddpStepBytes(gradBytes, n) { return volume(0, 0, 0, ringBytes("all_reduce", gradBytes, n)); }
+  function fsdpStepBytes(paramBytes, n, strategy, rootBytes, shardSize) {
+    nonNegative("param_bytes", paramBytes);
+    intAtLeast("world_size", n);
+    oneOf("strategy", strategy, C.strategies);
+    if (!(0 <= rootBytes && rootBytes <= paramBytes)) {
+      fail("root_bytes phải nằm trong [0, param_bytes], nhận được " + repr(rootBytes) + ".");
+    }
+    if (strategy === "DDP" || strategy === "NO_SHARD") { return ddpStepBytes(paramBytes, n); }
+    var replicas = 1;
+    if (strategy === "HYBRID_SHARD") {
+      if (shardSize === null || n % shardSize) {
+        fail("HYBRID_SHARD cần shard_size chia hết world_size=" + n + ", nhận được shard_size=" +
+             repr(shardSize) + ".");
+      }
+      intAtLeast("shard_size", shardSize);
+      replicas = n / shardSize;
+    }
+    var group = strategy === "HYBRID_SHARD" ? shardSize : n;
+    var regather = strategy === "SHARD_GRAD_OP" ? 0 : paramBytes - rootBytes;
+    return volume(ringBytes("all_gather", paramBytes, group), ringBytes("all_gather", regather, group),
+                  ringBytes("reduce_scatter", paramBytes, group),
+                  ringBytes("all_reduce", paramBytes / group, replicas));
+  }
+  function internodeBytes(v, strategy, nodes, gpus) {
+    intAtLeast("nodes", nodes);
+    intAtLeast("gpus_per_node", gpus);
+    if (nodes === 1) { return 0; }
+    return strategy === "HYBRID_SHARD" ? gpus * v.all_reduce : v.total;
+  }
+  function stepBytes(inputs) {
+    return guard(function () {
+      var nodes = inputs.nodes, gpus = inputs.gpus_per_node, strategy = inputs.strategy;
+      intAtLeast("nodes", nodes);
+      intAtLeast("gpus_per_node", gpus);
+      var v = fsdpStepBytes(inputs.param_bytes, nodes * gpus, strategy, pick(inputs, "root_bytes", 0),
+                            strategy === "HYBRID_SHARD" ? gpus : null);
+      v.internode_bytes = internodeBytes(v, strategy, nodes, gpus);
+      return v;
+    });
+  }
+  function stepTime(a) {
+    return guard(function () {
+      var nodes = a.nodes, gpus = a.gpus_per_node, strategy = a.strategy;
+      var messages = pick(a, "messages", 1), compute = a.compute_seconds;
+      intAtLeast("nodes", nodes);
+      intAtLeast("gpus_per_node", gpus);
+      oneOf("strategy", strategy, C.strategies);
+      nonNegative("compute_seconds", compute);
+      intAtLeast("messages", messages);
+      nonNegative("alpha_intra", a.alpha_intra);
+      positive("bandwidth_intra", a.bandwidth_intra);
+      nonNegative("alpha_inter", a.alpha_inter);
+      positive("bandwidth_inter", a.bandwidth_inter);
+      var world = nodes * gpus, hybrid = strategy === "HYBRID_SHARD";
+      var v = fsdpStepBytes(a.param_bytes, world, strategy, pick(a, "root_bytes", 0),
+                            hybrid ? gpus : null);
+      var group = hybrid ? gpus : world, flat = nodes > 1 && !hybrid;
+      var rings = [[v.all_gather_forward, group - 1, flat, 1],
+                   [v.all_gather_backward, group - 1, flat, 1],
+                   [v.reduce_scatter, group - 1, flat, 1],
+                   [v.all_reduce, 2 * ((hybrid ? nodes : world) - 1), nodes > 1, hybrid ? gpus : 1]];
+      var comm = 0;
+      rings.forEach(function (r) {
+        var bytes = r[0], steps = r[1];
+        if (bytes === 0) { return; }
+        if (r[2]) {
+          comm += messages * steps * a.alpha_inter + Math.max(bytes / a.bandwidth_intra,
+                                                             r[3] * bytes / a.bandwidth_inter);
+        } else {
+          comm += messages * steps * a.alpha_intra + bytes / a.bandwidth_intra;
+        }
+      });
+      return {comm_seconds: comm, serial_seconds: compute + comm,
+              overlap_seconds: Math.max(compute + comm / messages, comm)};
+    });
+  }
+
+  // --- dpbook.decision: Job, price, recommend
+  var D = DATA.decision;
+  function card(name) {
+    var names = DATA.cards.map(function (c) { return c.name; });
+    oneOf("card", name, names);
+    return DATA.cards[names.indexOf(name)];
+  }
+  function gbText(nbytes, digits) { return number(nbytes / GB, digits === undefined ? 1 : digits, {group: " "}); }
+  function makeJob(a) {
+    a = applyPreset(a, ["largest_unit_params", "root_unit_params"]);
+    var gpu = card(a.gpu);
+    var job = {num_params: a.num_params, gpu: gpu, gpus_per_node: pick(a, "gpus_per_node", 8),
+               nodes: pick(a, "nodes", 1), precision: pick(a, "precision", "mixed"),
+               optimizer: pick(a, "optimizer", "adam"), activation_gb: pick(a, "activation_gb", 0),
+               largest_unit_params: pick(a, "largest_unit_params", 0), headroom: pick(a, "headroom", 0.1),
+               root_unit_params: pick(a, "root_unit_params", 0)};
+    intAtLeast("num_params", job.num_params);
+    intAtLeast("gpus_per_node", job.gpus_per_node);
+    intAtLeast("nodes", job.nodes);
+    oneOf("precision", job.precision, M.precisions);
+    oneOf("optimizer", job.optimizer, M.optimizers);
+    nonNegative("activation_gb", job.activation_gb);
+    ["largest_unit_params", "root_unit_params"].forEach(function (name) {
+      if (!(0 <= job[name] && job[name] <= job.num_params)) {
+        fail(name + " phải nằm trong [0, num_params], nhận được " + repr(job[name]) + ".");
+      }
+    });
+    if (job.largest_unit_params + job.root_unit_params > job.num_params) {
+      fail("largest_unit_params + root_unit_params phải không quá num_params.");
+    }
+    if (typeof job.headroom !== "number" || !(0 <= job.headroom && job.headroom < 1)) {
+      fail("headroom là phần VRAM để trống, phải nằm trong [0, 1), nhận được " + repr(job.headroom) + ".");
+    }
+    job.world_size = job.gpus_per_node * job.nodes;
+    job.capacity_bytes = gpu.usable_bytes * (1 - job.headroom);
+    job.comm_bytes = job.num_params * bytesPerParam(job.precision, job.optimizer)[0];
+    return job;
+  }
+  function stepVolume(job, strategy) {
+    var n = job.world_size, psi = job.comm_bytes;
+    if (strategy === "ZeRO-1") {
+      var v = ddpStepBytes(psi, n);
+      return volume(ringBytes("all_gather", psi, n), 0, 0, v.all_reduce);
+    }
+    return fsdpStepBytes(psi, n, strategy, 0, strategy === "HYBRID_SHARD" ? job.gpus_per_node : null);
+  }
+  function price(job, strategy) {
+    oneOf("strategy", strategy, D.candidates);
+    if (strategy === "HYBRID_SHARD" && job.nodes < 2) { fail("HYBRID_SHARD cần ít nhất 2 node (nodes >= 2)."); }
+    var led = vramLedger({num_params: job.num_params, world_size: job.world_size, strategy: strategy,
+                          precision: job.precision, optimizer: job.optimizer, phase: "step",
+                          largest_unit_params: job.largest_unit_params,
+                          root_unit_params: job.root_unit_params,
+                          activation_bytes: job.activation_gb * GB,
+                          shard_size: strategy === "HYBRID_SHARD" ? job.gpus_per_node : null});
+    var v = stepVolume(job, strategy);
+    return {strategy: strategy, memory_bytes: led.total, sent_bytes: v.total,
+            internode_bytes: internodeBytes(v, strategy, job.nodes, job.gpus_per_node),
+            fits: led.total <= job.capacity_bytes};
+  }
+  function beyondSharding(job, full) {
+    var n = job.world_size, cap = job.capacity_bytes, state = full.memory_bytes - job.activation_gb * GB;
+    var head = "Ngay cả FULL_SHARD trên " + n + " GPU cũng cần " + gbText(full.memory_bytes) + " GB > " +
+               gbText(cap) + " GB dùng được";
+    if (state <= cap) {
+      return head + "; riêng trạng thái đã chia (" + gbText(state) + " GB) thì vừa: bật activation " +
+             "checkpointing (tính lại activation) để giảm khoản activation.";
+    }
+    return head + "; riêng trạng thái đã chia đã cần " + gbText(state) + " GB: chuyển trạng thái ra bộ " +
+           "nhớ CPU (CPU offload), thêm GPU, hoặc song song mô hình.";
+  }
+  function decide(job) {
+    var opts = {};
+    D.candidates.forEach(function (c) { if (c !== "HYBRID_SHARD" || job.nodes > 1) { opts[c] = price(job, c); } });
+    var cap = gbText(job.capacity_bytes), n = job.world_size, s = job.gpus_per_node, L = D.labels;
+    var need = "DDP cần " + gbText(opts.DDP.memory_bytes) + " GB mỗi GPU > " + cap + " GB dùng được";
+    if (opts.DDP.fits) {
+      return ["DDP", "DDP cần " + gbText(opts.DDP.memory_bytes) + " GB mỗi GPU, vừa " + cap +
+              " GB dùng được: chọn DDP (mã đơn giản nhất, giao tiếp ít nhất).", opts];
+    }
+    if (job.nodes === 1) {
+      var tried = "";
+      for (var i = 0; i < D.in_node.length; i++) {
+        var c = D.in_node[i];
+        if (opts[c].fits) {
+          return [c, need + "; " + tried + c + " trên " + n + " GPU còn " + gbText(opts[c].memory_bytes) +
+                  " GB: chọn " + L[c] + ".", opts];
+        }
+        tried += c + " vẫn cần " + gbText(opts[c].memory_bytes) + " GB; ";
+      }
+    } else {
+      var hyb = opts.HYBRID_SHARD, full = opts.FULL_SHARD;
+      if (hyb.fits) {
+        return ["HYBRID_SHARD", need + "; chia trong một node (" + s + " GPU) còn " + gbText(hyb.memory_bytes) +
+                " GB: chọn FSDP HYBRID_SHARD (HSDP), giữa các node chỉ còn AllReduce trên các shard " +
+                "gradient.", opts];
+      }
+      if (full.fits) {
+        return ["FULL_SHARD", need + "; chia trong một node vẫn cần " + gbText(hyb.memory_bytes) +
+                " GB; FULL_SHARD trên " + n + " GPU còn " + gbText(full.memory_bytes) +
+                " GB: chọn FSDP FULL_SHARD trên mọi node.", opts];
+      }
+    }
+    return [null, beyondSharding(job, opts.FULL_SHARD), opts];
+  }
+  function recommend(inputs) {
+    return guard(function () {
+      var job = makeJob(inputs), r = decide(job);
+      return {choice: r[0], reason: r[1], options: r[2], capacity_bytes: job.capacity_bytes};
+    });
+  }
+
+  function guard(f) {
+    try { return f(); } catch (e) { if (e.dpbook) { return {error: e.message}; } throw e; }
+  }
+
+  window.dpbookCalc = {
+    ledger: ledger, stepBytes: stepBytes, stepTime: stepTime, recommend: recommend, data: DATA,
+    vi: {number: number, short: short, nbytes: nbytes, grouped: grouped, percent: percent, ms: ms},
+    repr: repr, panels: {}
+  };
+})();
