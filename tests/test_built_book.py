@@ -2,6 +2,7 @@
 headless browser with the network off."""
 
 import os
+import re
 import pathlib
 import shutil
 import subprocess
@@ -157,3 +158,191 @@ def test_fsdp_player_works_offline(open_page):
     page.keyboard.press("ArrowRight")
     page.keyboard.press("ArrowRight")
     assert step.inner_text().startswith("3 / ")
+
+
+def _search(page, html, query: str) -> list[tuple[str, int]]:
+    """Search the built book from its search page (``file://``); the results, best first, as
+    (link, score)."""
+    from urllib.parse import quote
+
+    page.goto((html / "search.html").as_uri() + "?q=" + quote(query))
+    # performSearch makes the list and starts the pulse; _finishSearch stops it
+    page.wait_for_function("() => document.querySelector('#search-results ul.search')"
+                           " && Search._pulse_status === -1")
+    links = page.locator("#search-results ul.search li > a")
+    return [(a["href"], int(a["score"])) for a in links.evaluate_all(
+        "els => els.map(e => ({href: e.getAttribute('href'), score: e.dataset.score}))")]
+
+
+@pytest.fixture
+def browser_page(html):
+    """One offline headless Chromium page; no JavaScript error, console error or network
+    request allowed."""
+    from playwright.sync_api import sync_playwright
+
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_context(offline=True).new_page()
+        page.on("pageerror", lambda e: problems.append(f"JS error: {e}"))
+        page.on("console",
+                lambda m: problems.append(f"console: {m.text}") if m.type == "error" else None)
+        page.route("http*://**", lambda route: (problems.append(f"network: {route.request.url}"),
+                                                route.abort()))
+        yield page
+        browser.close()
+    assert problems == [], problems
+
+
+@NEEDS_CHROMIUM
+def test_search_folds_vietnamese_diacritics(browser_page, html):
+    """``bo nho dinh`` finds what "bộ nhớ đỉnh" finds, pages with the whole phrase first
+    (dpbook.tools.search_vi: folded index words, pairs of neighbouring words)."""
+    from dpbook.tools.search_vi import fold
+
+    texts = {p.relative_to(html).as_posix(): fold(_visible_text(p))
+             for p in html.glob("book/**/*.html")}
+    with_phrase = {page for page, text in texts.items() if "bo nho dinh" in text}
+    apart = {page for page, text in texts.items()
+             if "bo nho" not in text and "nho dinh" not in text}
+    assert "book/ch04/p1/07-so-ke-toan-vram.html" in with_phrase
+    plain = _search(browser_page, html, "bo nho dinh")
+    assert plain == _search(browser_page, html, "bộ nhớ đỉnh")
+    assert plain == _search(browser_page, html, "BỘ NHỚ ĐỈNH")
+    assert plain[0][0] == "book/glossary.html#term-peak-memory"
+    scores = {}
+    for link, score in plain:
+        scores.setdefault(link.split("#")[0], score)  # a page's best result comes first
+    assert with_phrase <= set(scores), with_phrase - set(scores)
+    # every page with the whole phrase outranks every page holding its syllables only apart
+    # (with diacritics folded, "định" and "nhỏ" count as "dinh" and "nho")
+    assert min(scores[p] for p in with_phrase) > max(
+        [scores[p] for p in apart if p in scores], default=0), scores
+    assert fold("Đỉnh BỘ nhớ") == "dinh bo nho"
+
+
+@NEEDS_CHROMIUM
+def test_search_finds_ddp_in_any_case(browser_page, html):
+    lower, upper = _search(browser_page, html, "ddp"), _search(browser_page, html, "DDP")
+    assert lower == upper
+    found = {link.split("#")[0] for link, _ in lower}
+    assert {"book/ch04/p1/03-ddp.html", "book/ch04/p2/02-ddp-day-du.html",
+            "book/ch04/p2/bai-a-ddp.html"} <= found
+    assert "book/glossary.html#term-DistributedDataParallel-DDP" in dict(lower)
+
+
+@NEEDS_CHROMIUM
+def test_glossary_terms_and_glosses_find_each_other(browser_page, html):
+    """The glossary's English term and its Vietnamese gloss are aliases: each finds the entry
+    and the pages that use only the other name."""
+    for query in ("peak memory", "bo nho dinh", "phép toán tập thể", "collective"):
+        best = _search(browser_page, html, query)[0][0]
+        term = "peak-memory" if query in ("peak memory", "bo nho dinh") else "collective"
+        assert best == f"book/glossary.html#term-{term}", (query, best)
+    # a page that writes "bộ nhớ đỉnh" but never "peak memory" is found by "peak memory"
+    only_vi = [p.relative_to(html).as_posix() for p in html.glob("book/ch04/**/*.html")
+               if "bộ nhớ đỉnh" in (t := _visible_text(p).lower()) and "peak memory" not in t]
+    assert only_vi
+    found = {link.split("#")[0] for link, _ in _search(browser_page, html, "peak memory")}
+    assert set(only_vi) <= found, set(only_vi) - found
+
+
+def _visible_text(page: pathlib.Path) -> str:
+    """The text of a built page's main content, as the search index reads it (NFC)."""
+    import unicodedata
+
+    class _Text(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.skip, self.parts = 0, []
+
+        def handle_starttag(self, tag, attrs):
+            self.skip += tag in ("script", "style")
+
+        def handle_endtag(self, tag):
+            self.skip -= tag in ("script", "style") and self.skip > 0
+
+        def handle_data(self, data):
+            if not self.skip:
+                self.parts.append(data)
+
+    parser = _Text()
+    parser.feed(page.read_text(encoding="utf-8").split('id="main-content"', 1)[-1])
+    return unicodedata.normalize("NFC", " ".join(" ".join(parser.parts).split()))
+
+
+# What a page's interface shows or says to a screen reader, outside the prose: text outside the
+# article (bars, buttons, footer) and the article's own buttons and toggles, and every label
+# (aria-label, title, placeholder, alt). Page and section titles are prose, not interface.
+_INTERFACE_JS = """() => {
+  const PROSE = "pre, code, kbd, samp, .highlight, .cell_output, mjx-container, script, style,"
+    + " nav.bd-links a, .bd-toc-nav a, .toc-entry, .prev-next-title, .navbar-brand, .bd-article h1,"
+    + " .bd-article h2, .bd-article h3, .bd-article h4";
+  const CONTROLS = "button, summary, .headerlink, .copybtn";
+  const out = [];
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    const el = n.parentElement;
+    if (!el || el.closest(PROSE)) continue;
+    if (el.closest("article.bd-article") && !el.closest(CONTROLS)) continue;
+    // what <noscript> holds is markup, as text
+    const text = el.tagName === "NOSCRIPT" ? n.textContent.replace(/<[^>]*>/g, " ") : n.textContent;
+    if (text.trim()) out.push(text.trim());
+  }
+  for (const el of document.body.querySelectorAll("*")) {
+    // links to other pages carry their titles (prose), citations their references
+    if (el.closest(PROSE) || el.matches("a.reference:not(.headerlink), .prev-next-area a"))
+      continue;
+    for (const a of ["aria-label", "title", "placeholder", "alt", "data-bs-title"]) {
+      const v = el.getAttribute(a);
+      if (v && v.trim()) out.push(v.trim());
+    }
+  }
+  // a page's own title, wherever the theme repeats it, is prose too
+  const headings = new Set([...document.querySelectorAll(".bd-article h1, .bd-article h2")]
+    .map((h) => h.textContent.replace(/#$/, "").trim()));
+  return [...new Set(out)].filter((s) => !headings.has(s));
+}"""
+# English that is the book's own vocabulary: names PyTorch uses (thuat-ngu.md), products, the
+# seed's title words. Anything else English in the interface is a missing translation.
+INTERFACE_ENGLISH = {
+    "data", "parallelism", "pytorch", "ddp", "fsdp", "dp", "gpu", "cpu", "vram", "dpbook",
+    "ipynb", "pdf", "md", "zero", "ctrl", "k", "javascript",
+}
+# Short English words that are also spelled like Vietnamese syllables without diacritics.
+_LOOKALIKES = {"by", "to", "on", "in", "an", "at", "as", "or", "no", "go", "do", "up", "it",
+               "is", "me", "so", "of", "the", "and", "page", "main", "next", "top"}
+_SYLLABLE = re.compile(r"(ngh|ng|nh|ch|gh|gi|kh|ph|qu|th|tr|[bcdghklmnprstvx])?"
+                       r"[aeiouy]{1,3}(ch|ng|nh|[cmnpt])?")
+
+
+def english_words(text: str) -> list[str]:
+    """The words of ``text`` that are English and not the book's vocabulary."""
+    found = []
+    for word in re.findall(r"[^\W\d_]+", text):
+        low = word.lower()
+        if not low.isascii() or low in INTERFACE_ENGLISH:
+            continue
+        if low in _LOOKALIKES or not _SYLLABLE.fullmatch(low):
+            found.append(word)
+    return found
+
+
+def test_english_detector_tells_interface_english_from_vietnamese():
+    assert english_words("Toggle primary sidebar") == ["Toggle", "primary", "sidebar"]
+    assert english_words("By Nhóm biên soạn dpbook") == ["By"]
+    assert english_words("Search this book...") == ["Search", "this", "book"]
+    assert english_words("Tìm trong sách…") == english_words("Chương 4 — Data parallelism") == []
+    assert english_words("Theo hệ thống") == english_words("Hiện kết quả") == []
+
+
+@NEEDS_CHROMIUM
+@pytest.mark.parametrize("path", ["book/ch04/p1/07-so-ke-toan-vram.html",
+                                  "book/ch04/p2/bai-a-ddp.html", "book/glossary.html",
+                                  "book/ch04/index.html", "search.html"])
+def test_interface_is_vietnamese(browser_page, html, path):
+    """No English in the interface of a theory page, a lab, the glossary, the chapter's index
+    and the search page (dpbook.tools.interface_vi, locale/vi/LC_MESSAGES/sphinx.po)."""
+    browser_page.goto((html / path).as_uri())
+    english = {s: w for s in browser_page.evaluate(_INTERFACE_JS) if (w := english_words(s))}
+    assert not english, f"{path}: còn tiếng Anh trong giao diện: {english}"

@@ -11,13 +11,16 @@ sphinx-thebe 0.3 adds its configuration script with ``app.add_js_file`` while do
 being read; Sphinx 7 then registers it both in the registry and in the builder, so every page
 declares ``const THEBE_JS_URL`` twice and the browser logs a SyntaxError. Dropping repeated
 script entries per page removes the error without touching either package.
+
+Search in Vietnamese (diacritics folded, glossary aliases) comes from ``dpbook.tools.search_vi``,
+the interface's strings in Vietnamese from ``dpbook.tools.interface_vi``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from . import execution_cache
+from . import execution_cache, interface_vi, search_vi
 
 
 def cache_folder(app) -> Path:
@@ -63,4 +66,7 @@ def setup(app):
     app.connect("config-inited", _drop_stale_outputs)
     app.connect("build-finished", _record_inputs)
     app.connect("html-page-context", _dedupe_scripts, priority=900)
-    return {"parallel_read_safe": True, "parallel_write_safe": True}
+    search_vi.setup(app)
+    interface_vi.setup(app)
+    # env_version: the saved environment of a build before the glossary aliases lacks them.
+    return {"parallel_read_safe": True, "parallel_write_safe": True, "env_version": 1}
