@@ -79,9 +79,12 @@ _SETTLE_S = 5.0  # after a first error, time allowed for the other ranks' report
 # machine can take seconds to deliver them; ranks that exit end the wait sooner)
 # What the forkserver imports once, so that no rank pays for it: torch and the parts of
 # torch.distributed that the book's rank functions import lazily (about 1 s more each).
+# torch._dynamo too: the first dispatch through any TorchDispatchMode (``measure.CommLog``, the
+# CPU peak tracker) imports it with sympy, 822 modules; preloaded, a 2-rank launch of
+# ``measure.measure_step`` took 0.27 s instead of 1.3 s here, for 1.4 s more once per forkserver.
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.distributed.fsdp",
-           "torch.distributed.tensor", "torch.distributed.checkpoint", "dpbook.launch",
-           "dpbook.workers", "cloudpickle")
+           "torch.distributed.tensor", "torch.distributed.checkpoint", "torch._dynamo",
+           "dpbook.launch", "dpbook.workers", "cloudpickle")
 # Set in every process that joins a group, here and under torchrun (see the module docstring).
 INIT_BARRIER = {"TORCH_DIST_INIT_BARRIER": "1"}
 RANK_NAME = "dpbook-rank"  # process name of every rank (``ps``, ``psutil``), then its number

@@ -208,6 +208,9 @@ class Ranks:
         while True:
             done = [md["completed"] is not None for md in ar.metadata]
             if all(done):
+                # A rank's reply can come before its printed output (two ZeroMQ channels):
+                # wait for the output too, or a cell that printed would show nothing.
+                ar.wait_for_output(max(1.0, deadline - time.monotonic()))
                 return []
             errors = any(md["status"] == "error" for md in ar.metadata)
             if errors:
