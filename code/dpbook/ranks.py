@@ -23,7 +23,8 @@ What the magics add to ipyparallel's own ``%%px``:
   defined;
 * a deadline per cell: a rank stuck in a collective that a peer never called cannot be
   interrupted (it waits inside C++), so after the deadline, or after an error once the other
-  ranks had time to finish, the stuck engines are replaced by fresh ones, which say so;
+  ranks had time to finish, every rank is replaced by a fresh one (a group that lost a
+  member cannot be mended), and the cell says the variables are gone;
 * an interrupt (Jupyter's stop button) reaches the ranks as ``KeyboardInterrupt``;
 * no process outlives the notebook: a small reaper process reads a pipe from the kernel and,
   when the kernel dies without ``%ranks stop`` (a crash, a kernel killed), ends the controller
@@ -182,8 +183,8 @@ class Ranks:
 
     def run(self, code: str, timeout: float = DEFAULT_TIMEOUT_S) -> list[RankOutput]:
         """Run ``code`` on every rank; each rank's output, in rank order. Raises ``RanksError``
-        if a rank fails or the ranks have not all finished after ``timeout`` seconds (stuck
-        ranks are then replaced by fresh ones)."""
+        if a rank fails or the ranks have not all finished after ``timeout`` seconds (then every
+        rank is replaced by a fresh one)."""
         self._require_running()
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout phải là số giây dương, nhận được {timeout!r}.")
@@ -220,8 +221,8 @@ class Ranks:
             ar.wait(_POLL_S)
 
     def _interrupt(self, ar) -> None:
-        """Jupyter's stop button: ``KeyboardInterrupt`` in every rank; ranks that cannot take it
-        (inside a collective) are replaced."""
+        """Jupyter's stop button: ``KeyboardInterrupt`` in every rank; if one cannot take it
+        (it waits inside a collective), every rank is replaced."""
         self._cluster.signal_engines_sync(signal.SIGINT)
         ar.wait(_INTERRUPT_GRACE_S)
         if not ar.ready():
