@@ -222,7 +222,10 @@ def test_the_page_reads_and_keeps_its_own_hash_keys(page):
     text = root.locator('[data-panel="ledger"] .dpc-out').inner_text()
     assert f"{vi.number(total / 1e9, 2, group=vi.NARROW_NBSP)} GB" in text
     root.locator('[data-panel="decision"] [name="nodes"]').fill("4")
-    url = page.url
+    # Read the hash in the page: Playwright's page.url follows history.replaceState through an
+    # event that may arrive after fill() returns (it failed once that way).
+    page.wait_for_function("location.hash.includes('ledger_traffic_decision.decision.nodes=4')")
+    url = page.evaluate("location.href")
     assert "foreign=1" in url and "ledger_traffic_decision.decision.nodes=4" in url
     assert "ledger_traffic_decision.ledger.world_size=64" in url
     rec = calculator.model.recommend({"preset": "llama-7b", "gpu": "H100 80GB", "nodes": 4,
