@@ -44,9 +44,9 @@ import time
 from dataclasses import dataclass
 
 from . import launch, vi
-from .checks import int_at_least
 
 DEFAULT_TIMEOUT_S = 60.0
+NOT_STARTED = "Chưa có rank nào đang chạy: hãy gọi %ranks start trước (hoặc Ranks.start())."
 _SETTLE_S = 5.0  # after a rank's error, how long the others get to finish on their own
 _INTERRUPT_GRACE_S = 3.0  # after an interrupt, how long the ranks get to stop on their own
 _START_TIMEOUT_S = 120  # engines registering with the controller, on a loaded machine
@@ -274,13 +274,11 @@ class Ranks:
 
     def _require_cluster(self) -> None:
         if self._cluster is None:
-            raise RuntimeError("Chưa có rank nào đang chạy: hãy gọi %ranks start trước "
-                               "(hoặc Ranks.start()).")
+            raise RuntimeError(NOT_STARTED)
 
     def _require_running(self) -> None:
         if not self.running:
-            raise RuntimeError("Chưa có rank nào đang chạy: hãy gọi %ranks start trước "
-                               "(hoặc Ranks.start()).")
+            raise RuntimeError(NOT_STARTED)
 
     def describe(self) -> str:
         return (f"{self.plan.describe()} Các rank sống qua các ô mã (engine ipyparallel), "
@@ -368,17 +366,15 @@ _current: Ranks | None = None
 def current() -> Ranks:
     """The ranks that ``%ranks start`` started in this kernel."""
     if _current is None or not _current.running:
-        raise RuntimeError("Chưa có rank nào đang chạy: hãy gọi %ranks start trước.")
+        raise RuntimeError(NOT_STARTED)
     return _current
 
 
 def start(world_size: int | None = None, backend: str = "auto") -> Ranks:
     """``%ranks start``: stop the ranks this kernel had, start new ones."""
     global _current
-    if world_size is not None:
-        int_at_least("world_size", world_size, 1)
+    ranks = Ranks(world_size, backend)  # bad arguments fail here, before the old ranks stop
     stop()
-    ranks = Ranks(world_size, backend)
     ranks.start()
     _current = ranks
     return ranks

@@ -381,6 +381,12 @@ def _error_item(key: str, title: str, error: str) -> Item:
     return Item(key, title, False, f"ném lỗi: {last}", hint)
 
 
+def _weights_item(key: str, title: str, diff: float, hint: str) -> Item:
+    """Final weights against the reference run: the largest difference, within ``TOL``."""
+    return Item(key, title, diff <= TOL,
+                f"sai khác lớn nhất {vi.sci(diff, 1)} (ngưỡng {vi.sci(TOL, 0)})", hint)
+
+
 ZERO1_TITLES = {"zero1_weights": f"ShardedOptimizer(Adam) cho cùng trọng số với Adam thường sau "
                                  f"{STEPS} bước",
                 "zero1_state": "Trạng thái bộ tối ưu được chia giữa các rank"}
@@ -389,9 +395,7 @@ ZERO1_TITLES = {"zero1_weights": f"ShardedOptimizer(Adam) cho cùng trọng số
 def zero1_items(raw: dict) -> list[Item]:
     if "error" in raw:
         return [_error_item(k, t, raw["error"]) for k, t in ZERO1_TITLES.items()]
-    diff = raw["max_diff"]
-    weights = Item("zero1_weights", ZERO1_TITLES["zero1_weights"], diff <= TOL,
-                   f"sai khác lớn nhất {vi.sci(diff, 1)} (ngưỡng {vi.sci(TOL, 0)})",
+    weights = _weights_item("zero1_weights", ZERO1_TITLES["zero1_weights"], raw["max_diff"],
                    "mỗi rank gọi bộ tối ưu bên trong trên các tham số của mình, rồi mọi rank "
                    "nhận tham số đã cập nhật từ rank sở hữu (broadcast, cùng thứ tự ở mọi rank).")
     per_rank, total, largest = raw["optimizer_bytes"], raw["reference_bytes"], raw["largest_bytes"]
@@ -419,9 +423,7 @@ FSDP_TITLES = {"fsdp_weights": f"fully_shard_scratch cho cùng trọng số vớ
 def fsdp_items(raw: dict, exp: Expected) -> list[Item]:
     if "error" in raw:
         return [_error_item(k, t, raw["error"]) for k, t in FSDP_TITLES.items()]
-    diff = raw["max_diff"]
-    weights = Item("fsdp_weights", FSDP_TITLES["fsdp_weights"], diff <= TOL,
-                   f"sai khác lớn nhất {vi.sci(diff, 1)} (ngưỡng {vi.sci(TOL, 0)})",
+    weights = _weights_item("fsdp_weights", FSDP_TITLES["fsdp_weights"], raw["max_diff"],
                    "gradient của shard là phần của rank này trong tổng gradient đầy đủ của mọi "
                    "rank, chia cho N (trung bình như DDP); giữ đúng cách lưu shard của đề bài.")
     st = raw["state"]
