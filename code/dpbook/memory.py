@@ -34,6 +34,16 @@ unit: the ledger counts one, a lower bound.
 
 Activations are not state: they depend on batch size, sequence length and checkpointing, so
 the caller passes them as ``activation_bytes`` (the ledger does not guess them).
+``checkpointed_activation_bytes`` says what activation checkpointing leaves of them (one
+checkpointed region per block: each block keeps only its input, and backward recomputes one
+block at a time).
+
+CPU offload (``offload=True``, FSDP's ``CPUOffloadPolicy``) moves the sharded state, parameters,
+gradients and optimizer state, to the host: ``Ledger.host`` (not in ``total``, which is what the
+GPU holds). On the GPU remain only the parameters FSDP gathers (at ``phase="step"``: every
+parameter with SHARD_GRAD_OP, the unit being computed and the root unit otherwise). Like every
+row of the ledger, this does not count the transient unsharded gradient of the unit whose
+ReduceScatter is pending: a lower bound.
 
 A card (``Card``, ``CARDS``) is what the bytes are compared against: an "80 GB" card holds
 80 GiB, of which the driver reports a little less as the total and the process's CUDA context
@@ -52,6 +62,15 @@ STRATEGIES = ("DDP", "NO_SHARD", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FULL_SHARD", "SH
 PRECISIONS = ("fp32", "mixed", "mixed_fp32_grads")
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd_momentum")
 PHASES = ("rest", "step")
+OFFLOAD_STRATEGIES = ("SHARD_GRAD_OP", "FULL_SHARD", "ZeRO-3", "HYBRID_SHARD")  # FSDP's
+# Of a Transformer block's activations, the part that is its input: 2sbh bytes (the hidden
+# state in 16 bits; s sequence, b micro-batch, h hidden size, a heads) of sbh(34 + 5as/h), the
+# count of Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+# Models": a GPT layer with a 4h MLP and dropout; with full recomputation only the 2sbh input of
+# each layer is kept), without the 5as/h term of the s x s attention scores, which an attention
+# kernel such as FlashAttention does not store: 2/34. A LLaMA layer (SwiGLU, no dropout) differs
+# a little; callers may pass their own fraction.
+CHECKPOINT_KEPT_FRACTION = 2 / 34
 
 # (param bytes, grad bytes, master-weight bytes) per parameter
 _PRECISION_BYTES = {"fp32": (4, 4, 0), "mixed": (2, 2, 4), "mixed_fp32_grads": (2, 4, 4)}
@@ -74,6 +93,7 @@ class Ledger:
     grads: float
     optimizer: float
     activations: float = 0.0
+    host: float = 0.0  # bytes of this rank's state kept in host (CPU) memory: CPU offload
 
     @property
     def state(self) -> float:
@@ -95,12 +115,18 @@ def bytes_per_param(precision: str = "fp32", optimizer: str = "adam") -> tuple[i
 def vram_ledger(num_params: int, world_size: int = 1, strategy: str = "DDP", *,
                 precision: str = "fp32", optimizer: str = "adam", phase: str = "rest",
                 shard_size: int | None = None, largest_unit_params: int = 0,
-                root_unit_params: int = 0, activation_bytes: float = 0.0) -> Ledger:
-    """Bytes of parameters, gradients and optimizer state on one rank."""
+                root_unit_params: int = 0, activation_bytes: float = 0.0,
+                offload: bool = False) -> Ledger:
+    """Bytes of parameters, gradients and optimizer state on one rank (``offload``: on the GPU,
+    with the sharded state in ``Ledger.host``)."""
     _validate(num_params, world_size, strategy, phase, shard_size,
               (largest_unit_params, root_unit_params), activation_bytes)
+    _validate_offload(offload, strategy)
     bp, bg, bo = bytes_per_param(precision, optimizer)
     n = shard_size if strategy == "HYBRID_SHARD" else world_size
+    if offload:
+        return _offloaded(num_params, n, strategy, phase, (bp, bg, bo),
+                          largest_unit_params + root_unit_params, activation_bytes)
     shard_p, shard_g, shard_o = _SHARDED[strategy]
     params = num_params * bp / (n if shard_p else 1)
     if phase == "step" and strategy == "SHARD_GRAD_OP":
@@ -111,6 +137,46 @@ def vram_ledger(num_params: int, world_size: int = 1, strategy: str = "DDP", *,
                   grads=num_params * bg / (n if shard_g else 1),
                   optimizer=num_params * bo / (n if shard_o else 1),
                   activations=float(activation_bytes))
+
+
+def _offloaded(num_params, n, strategy, phase, sizes, gathered, activation_bytes) -> Ledger:
+    """CPU offload: the sharded state on the host; on the GPU, what FSDP gathers in the step
+    (``CPUOffloadPolicy``: sharded parameters are copied host-to-device before each AllGather,
+    sharded gradients device-to-host after the ReduceScatter, and the optimizer steps on CPU)."""
+    bp, bg, bo = sizes
+    if phase == "rest":
+        params = 0.0
+    else:
+        params = float(num_params * bp if strategy == "SHARD_GRAD_OP" else gathered * bp)
+    return Ledger(params=params, grads=0.0, optimizer=0.0, activations=float(activation_bytes),
+                  host=num_params * (bp + bg + bo) / n)
+
+
+def checkpointed_activation_bytes(activation_bytes: float, num_blocks: int,
+                                  kept_fraction: float = CHECKPOINT_KEPT_FRACTION) -> float:
+    """Activations per GPU with activation checkpointing of every block, from the activations
+    ``activation_bytes`` without it, spread evenly over ``num_blocks`` equal blocks of which
+    each keeps its input, a ``kept_fraction`` of its activations: ``A (f + 1/L)``. The forward
+    keeps the L inputs (``f A``); the backward recomputes one block at a time, whose
+    activations (``A / L``) exist again while its gradient is computed. Activations outside the
+    blocks (embeddings, the loss) are taken as spread over them like the rest."""
+    non_negative("activation_bytes", activation_bytes)
+    int_at_least("num_blocks", num_blocks)
+    if isinstance(kept_fraction, bool) or not isinstance(kept_fraction, (int, float)) \
+            or not 0 < kept_fraction <= 1:
+        raise ValueError(f"kept_fraction là phần activation của một khối mà khối giữ lại (đầu vào "
+                         f"của nó), phải nằm trong (0, 1], nhận được {kept_fraction!r}.")
+    return activation_bytes * (kept_fraction + 1 / num_blocks)
+
+
+def _validate_offload(offload, strategy) -> None:
+    if not isinstance(offload, bool):
+        raise ValueError(f"offload phải là True hoặc False, nhận được {offload!r}.")
+    if offload and strategy not in OFFLOAD_STRATEGIES:
+        raise ValueError(
+            f"offload=True chỉ dùng được với các chiến lược FSDP {OFFLOAD_STRATEGIES} "
+            f"(CPUOffloadPolicy); PyTorch không có CPU offload cho {strategy}, nhận được "
+            f"strategy={strategy!r}.")
 
 
 def _validate(num_params, world_size, strategy, phase, shard_size, gathered,

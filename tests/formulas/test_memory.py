@@ -138,3 +138,44 @@ def test_card_lookup_and_fits_reject_what_is_not_a_card():
         memory.fits(1, 80)
     with pytest.raises(ValueError, match="nbytes"):
         memory.fits(-1, memory.card("H200"))
+
+
+def test_cpu_offload_moves_the_sharded_state_to_the_host():
+    kw = dict(precision="mixed", phase="step", largest_unit_params=200, root_unit_params=100)
+    for strategy in ("FULL_SHARD", "ZeRO-3"):
+        plain = memory.vram_ledger(1000, 4, strategy, **kw)
+        off = memory.vram_ledger(1000, 4, strategy, offload=True, **kw)
+        assert off.host == plain.state - (200 + 100) * 2 * 3 / 4 == 16 * 1000 / 4
+        assert (off.params, off.grads, off.optimizer) == ((200 + 100) * 2, 0, 0)  # gathered units
+    sgo = memory.vram_ledger(1000, 4, "SHARD_GRAD_OP", offload=True, **kw)
+    assert sgo.params == 2 * 1000 and sgo.host == 4000  # every parameter stays gathered
+    hybrid = memory.vram_ledger(1000, 8, "HYBRID_SHARD", shard_size=2, offload=True, **kw)
+    assert hybrid.host == 16 * 1000 / 2 and hybrid.params == 600
+    rest = memory.vram_ledger(1000, 4, "FULL_SHARD", offload=True, activation_bytes=7,
+                              precision="mixed")
+    assert rest.state == 0 and rest.total == 7 and rest.host == 4000  # nothing on the GPU at rest
+    assert memory.vram_ledger(1000, 4, "FULL_SHARD").host == 0
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(strategy="DDP", offload=True), "PyTorch không có CPU offload cho DDP"),
+    (dict(strategy="ZeRO-1", offload=True), "chỉ dùng được với các chiến lược FSDP"),
+    (dict(strategy="FULL_SHARD", offload="yes"), "offload phải là True hoặc False"),
+])
+def test_offload_is_refused_where_pytorch_has_none(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        memory.vram_ledger(1000, 4, **kwargs)
+
+
+def test_checkpointing_keeps_the_blocks_inputs_and_one_block():
+    a = 34 * 10**9  # 10 blocks of 3.4 GB, each keeping its input: 2/34 of it
+    assert memory.CHECKPOINT_KEPT_FRACTION == 2 / 34
+    got = memory.checkpointed_activation_bytes(a, 10)
+    assert got == pytest.approx(10 * 2 / 34 * a / 10 + a / 10) and got == a * (2 / 34 + 1 / 10)
+    assert memory.checkpointed_activation_bytes(a, 1) > a  # one block: nothing to gain
+    assert memory.checkpointed_activation_bytes(a, 4, kept_fraction=0.25) == a * 0.5
+    for kwargs, match in ((dict(activation_bytes=-1, num_blocks=2), "activation_bytes"),
+                          (dict(activation_bytes=1, num_blocks=0), "num_blocks"),
+                          (dict(activation_bytes=1, num_blocks=2, kept_fraction=0), "kept_fraction")):
+        with pytest.raises(ValueError, match=match):
+            memory.checkpointed_activation_bytes(**kwargs)

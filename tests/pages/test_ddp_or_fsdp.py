@@ -1,5 +1,7 @@
 """Section 4.1.8 (choosing DDP or FSDP): ``dpbook.pages.ddp_or_fsdp``."""
 
+from dataclasses import replace
+
 import pytest
 from dpbook.pages import ddp_or_fsdp
 from dpbook import costs, launch, memory, shapes
@@ -63,10 +65,126 @@ def test_the_in_node_rungs_are_tried_in_order():
     assert choice(5.5).choice == "ZeRO-1"
     assert choice(5).choice == "SHARD_GRAD_OP"
     assert choice(3).choice == "FULL_SHARD"  # 2 GB
-    rec = choice(3, activation_gb=2)  # the sharded state fits, the activations do not
-    assert rec.choice is None and "activation checkpointing" in rec.reason
-    rec = choice(1)  # even the sharded state does not fit
-    assert rec.choice is None and "CPU offload" in rec.reason
+    # no layer unit given: the blocks are unknown, so no checkpointing tier; offload comes next
+    rec = choice(3, activation_gb=2)  # 2 GB of state + 2 GB of activations
+    assert (rec.choice, rec.checkpointing, rec.offload) == ("FULL_SHARD", False, True)
+    assert rec.chosen.memory_bytes == 2 * GB and rec.chosen.host_bytes == 16 * GB
+    assert "FULL_SHARD cần 4,0 GB (thiếu 1,0 GB)" in rec.reason
+    rec = choice(3, activation_gb=2, allow_offload=False)
+    assert rec.choice is None and rec.label == "không phương án nào vừa"
+    assert "chưa thử activation checkpointing (cần largest_unit_params để biết số khối), CPU " \
+           "offload (không được phép)" in rec.reason
+
+
+def _rungs(rec):
+    return [(o.strategy, o.checkpointing, o.offload) for o in rec.ladder]
+
+
+def test_the_ladder_lists_every_rung_in_order():
+    one = ddp_or_fsdp.recommend(ddp_or_fsdp.Job(10**9, _card(1), 8, 1, activation_gb=1,
+                                                largest_unit_params=10**8, headroom=0))
+    base = ["DDP", "ZeRO-1", "SHARD_GRAD_OP", "FULL_SHARD"]
+    assert _rungs(one) == ([(s, False, False) for s in base] + [(s, True, False) for s in base]
+                           + [(s, False, True) for s in base[2:]] + [(s, True, True) for s in base[2:]])
+    many = ddp_or_fsdp.recommend(ddp_or_fsdp.Job(10**9, _card(1), 8, 2, activation_gb=1,
+                                                 largest_unit_params=10**8, headroom=0))
+    base = ["DDP", "HYBRID_SHARD", "FULL_SHARD"]
+    assert _rungs(many) == ([(s, False, False) for s in base] + [(s, True, False) for s in base]
+                            + [(s, False, True) for s in base[1:]] + [(s, True, True) for s in base[1:]])
+    assert _rungs(one) == list(ddp_or_fsdp.ladder(one.job))
+    assert one.options["DDP"] is one.ladder[0]  # the first tier is the table of options
+    no_ckpt = replace(one.job, allow_checkpointing=False)
+    assert all(not c for _, c, _ in ddp_or_fsdp.ladder(no_ckpt))
+    assert all(not o for _, _, o in ddp_or_fsdp.ladder(replace(one.job, allow_offload=False)))
+    assert all(not c for _, c, _ in ddp_or_fsdp.ladder(replace(one.job, activation_gb=0)))
+
+
+# A family of jobs built so that every rung is smaller than the ones below it: P = 10⁹, Adam in
+# mixed precision on 8 GPUs (one node), 10 equal layers of 10⁸ parameters, 20 GB of activations
+# (1,18 GB with checkpointing: 20 (1/17 + 1/10)), the headroom at 0 so that the card decides.
+FAMILY = dict(num_params=10**9, gpus_per_node=8, nodes=1, activation_gb=20.0,
+              largest_unit_params=10**8, headroom=0)
+CLIMB = [("DDP", False, False), ("ZeRO-1", False, False), ("SHARD_GRAD_OP", False, False),
+         ("FULL_SHARD", False, False), ("DDP", True, False), ("ZeRO-1", True, False),
+         ("SHARD_GRAD_OP", True, False), ("FULL_SHARD", True, False),
+         ("SHARD_GRAD_OP", True, True), ("FULL_SHARD", True, True)]
+
+
+def _exact_card(nbytes):
+    return memory.Card("thử", 200, nbytes + memory.CUDA_CONTEXT_BYTES, "thẻ giả định cho kiểm thử")
+
+
+def _family(capacity, **kw):
+    return ddp_or_fsdp.recommend(ddp_or_fsdp.Job(gpu=_exact_card(capacity), **(FAMILY | kw)))
+
+
+def test_every_rung_is_reached_by_a_job_that_needs_it_and_the_boundaries_are_exact():
+    import math
+    ledger = {r: o.memory_bytes for r, o in zip(_rungs(_family(1)), _family(1).ladder)}
+    a, a_ckpt = 20 * GB, memory.checkpointed_activation_bytes(20 * GB, 10)
+    assert a_ckpt == 20 * GB * (2 / 34 + 1 / 10)
+    assert ledger[("FULL_SHARD", False, False)] == 2 * GB + 2 * 10**8 * 7 / 8 + a
+    assert ledger[("ZeRO-1", True, False)] == 4 * GB + 12 * GB / 8 + a_ckpt
+    assert ledger[("SHARD_GRAD_OP", True, True)] == 2 * GB + a_ckpt  # every parameter gathered
+    assert ledger[("FULL_SHARD", True, True)] == 2 * 10**8 + a_ckpt  # one layer gathered
+    needs = [ledger[r] for r in CLIMB]
+    assert needs == sorted(needs, reverse=True)  # each rung needs less than the one before
+    for i, rung in enumerate(CLIMB):
+        fits = _family(math.ceil(needs[i]))  # just fits
+        assert (fits.choice, fits.checkpointing, fits.offload) == rung
+        short = _family(math.ceil(needs[i]) - 1)  # just does not
+        later = (short.choice, short.checkpointing, short.offload)
+        assert later == (CLIMB[i + 1] if i + 1 < len(CLIMB) else (None, False, False))
+        assert f"{rung[0]} cần" in short.reason and "(thiếu 0,0 GB)" in short.reason
+    # without checkpointing, the offload tier alone: SHARD_GRAD_OP, then FULL_SHARD
+    alone = {r: o.memory_bytes for r, o in zip(_rungs(_family(1, allow_checkpointing=False)),
+                                               _family(1, allow_checkpointing=False).ladder)}
+    for rung, nxt in ((("SHARD_GRAD_OP", False, True), ("FULL_SHARD", False, True)),
+                      (("FULL_SHARD", False, True), (None, False, False))):
+        cap = math.ceil(alone[rung])
+        rec = _family(cap, allow_checkpointing=False)
+        assert (rec.choice, rec.checkpointing, rec.offload) == rung
+        rec = _family(cap - 1, allow_checkpointing=False)
+        assert (rec.choice, rec.checkpointing, rec.offload) == nxt
+
+
+def test_hybrid_and_full_shard_across_nodes_with_every_tier_and_the_host_memory():
+    job = dict(FAMILY, nodes=2)
+    def rec(capacity, **kw):
+        return ddp_or_fsdp.recommend(ddp_or_fsdp.Job(gpu=_exact_card(capacity), **(job | kw)))
+    need = {r: o.memory_bytes for r, o in zip(_rungs(rec(1)), rec(1).ladder)}
+    a_ckpt = memory.checkpointed_activation_bytes(20 * GB, 10)
+    assert need[("HYBRID_SHARD", False, False)] == 16 * GB / 8 + 2 * 10**8 * 7 / 8 + 20 * GB
+    assert need[("FULL_SHARD", False, False)] == 16 * GB / 16 + 2 * 10**8 * 15 / 16 + 20 * GB
+    for rung in [("HYBRID_SHARD", False, False), ("FULL_SHARD", False, False),
+                 ("HYBRID_SHARD", True, False), ("FULL_SHARD", True, False),
+                 ("HYBRID_SHARD", True, True)]:
+        r = rec(int(need[rung]) + 1)
+        assert (r.choice, r.checkpointing, r.offload) == rung
+    hsdp = rec(int(need[("HYBRID_SHARD", True, True)]) + 1)
+    assert hsdp.chosen.memory_bytes == 2 * 10**8 + a_ckpt
+    assert hsdp.chosen.host_bytes == 8 * 16 * GB / 8  # the whole state in each node's memory
+    assert hsdp.chosen.pcie_bytes == 4 * 10**9 / 8 * 3  # two gathers and one gradient, fp32
+    # the host decides between the two offload rungs: FULL_SHARD puts half as much in each node
+    assert rec(int(need[("HYBRID_SHARD", True, True)]) + 1, host_gb=16).choice == "HYBRID_SHARD"
+    full = rec(int(need[("HYBRID_SHARD", True, True)]) + 1, host_gb=15.99)
+    assert (full.choice, full.checkpointing, full.offload) == ("FULL_SHARD", True, True)
+    assert full.chosen.host_bytes == 8 * GB and "bộ nhớ CPU mỗi node 16,0 GB > 16,0 GB" in full.reason
+    assert full.chosen.pcie_bytes == 4 * 10**9 / 16 * 3
+    assert rec(int(need[("HYBRID_SHARD", True, True)]) + 1, host_gb=7.99).choice is None
+
+
+def test_the_reason_says_what_failed_by_how_much_and_what_the_chosen_rung_costs():
+    rec = ddp_or_fsdp.recommend(_llm("llama-70b", 1))
+    assert (rec.choice, rec.checkpointing, rec.offload) == ("FULL_SHARD", False, True)
+    for text in ("Mỗi GPU dùng được 76,2 GB", "FULL_SHARD cần 160,4 GB (thiếu 84,2 GB)",
+                 "với activation checkpointing (activation 20,0 → 1,4 GB mỗi GPU)",
+                 "với CPU offload", "chọn FSDP FULL_SHARD + CPU offload",
+                 "mỗi node giữ 1\u202f103,6 GB trạng thái trong bộ nhớ CPU", "103,5 GB qua PCIe"):
+        assert text in rec.reason, text
+    small = ddp_or_fsdp.recommend(_llm("llama-7b", 1, gpu=memory.card("RTX 4090")))
+    assert small.label == "FSDP FULL_SHARD + activation checkpointing"
+    assert "tính lại lượt truyền xuôi của 32 khối" in small.reason and small.job.num_blocks == 32
 
 
 def test_7b_on_four_nodes_gets_hybrid_shard_and_less_internode_traffic():
@@ -79,12 +197,15 @@ def test_7b_on_four_nodes_gets_hybrid_shard_and_less_internode_traffic():
     assert hyb.memory_bytes > full.memory_bytes  # it pays in memory: /8 instead of /32
 
 
-def test_70b_on_four_nodes_needs_full_shard_and_on_one_node_nothing_fits():
+def test_70b_on_four_nodes_needs_full_shard_and_on_one_node_offload():
     rec = ddp_or_fsdp.recommend(_llm("llama-70b", 4))
-    assert rec.choice == "FULL_SHARD"
+    assert rec.choice == "FULL_SHARD" and not rec.checkpointing and not rec.offload
     assert not rec.options["HYBRID_SHARD"].fits and rec.options["FULL_SHARD"].fits
-    none = ddp_or_fsdp.recommend(_llm("llama-70b", 1))
-    assert none.choice is None and "thêm GPU" in none.reason and "CPU offload" in none.reason
+    one = ddp_or_fsdp.recommend(_llm("llama-70b", 1))  # was "nothing fits" before the new rungs
+    assert one.choice == "FULL_SHARD" and one.offload and not one.checkpointing
+    assert not any(o.fits for o in one.ladder[:one.ladder.index(one.chosen)])
+    none = ddp_or_fsdp.recommend(replace(_llm("llama-70b", 1), allow_offload=False))
+    assert none.choice is None and "thêm GPU" in none.reason and "CPU offload (không được phép)" in none.reason
 
 
 def test_headroom_and_activations_decide_the_edge():
@@ -119,6 +240,9 @@ def test_capacity_is_what_pytorch_can_allocate_on_the_card_less_the_headroom():
     ({"root_unit_params": -1}, "root_unit_params"),
     ({"largest_unit_params": 6 * 10**8, "root_unit_params": 6 * 10**8}, "root_unit_params"),
     ({"headroom": 1.0}, "headroom"),
+    ({"allow_checkpointing": 1}, "allow_checkpointing phải là True hoặc False"),
+    ({"allow_offload": "có"}, "allow_offload phải là True hoặc False"),
+    ({"host_gb": -1}, "host_gb"),
 ])
 def test_job_rejects_bad_values_in_vietnamese(kwargs, match):
     base = {"num_params": 10**9, "gpu": H100}
@@ -133,10 +257,19 @@ def test_price_rejects_hybrid_on_one_node_and_unknown_strategies():
         ddp_or_fsdp.price(job, "HYBRID_SHARD")
     with pytest.raises(ValueError, match="strategy"):
         ddp_or_fsdp.price(job, "ZeRO-2")
+    with pytest.raises(ValueError, match="PyTorch không có CPU offload cho ZeRO-1"):
+        ddp_or_fsdp.price(job, "ZeRO-1", offload=True)
+    with pytest.raises(ValueError, match="checkpointing=True cần biết số khối"):
+        ddp_or_fsdp.price(job, "FULL_SHARD", checkpointing=True)
+    with pytest.raises(ValueError, match="checkpointing phải là True hoặc False"):
+        ddp_or_fsdp.price(job, "FULL_SHARD", checkpointing="có")
+    with pytest.raises(ValueError, match="strategy"):
+        ddp_or_fsdp.pcie_bytes(job, "DDP")
 
 
 def test_tables_list_every_option_and_escape_names():
-    recs = [ddp_or_fsdp.recommend(_llm("llama-7b", 4)), ddp_or_fsdp.recommend(_llm("llama-70b", 1))]
+    recs = [ddp_or_fsdp.recommend(_llm("llama-7b", 4)),
+            ddp_or_fsdp.recommend(replace(_llm("llama-70b", 1), allow_offload=False))]
     crit = ddp_or_fsdp.criteria_html(recs[0])
     resnet = ddp_or_fsdp.criteria_html(ddp_or_fsdp.recommend(
         ddp_or_fsdp.Job(25_557_032, A100, precision="fp32", optimizer="sgd_momentum")))
@@ -147,8 +280,12 @@ def test_tables_list_every_option_and_escape_names():
         assert text in crit
     table = ddp_or_fsdp.decision_html(recs + [ddp_or_fsdp.recommend(ddp_or_fsdp.Job(10, _card(1), name="<x>"))])
     assert "&lt;x&gt;" in table and "không phương án nào vừa" in table
-    assert "1 123,6 ✗" in table  # LLaMA-70B under DDP, Vietnamese decimal comma
+    assert "1\u202f123,6 ✗" in table  # LLaMA-70B under DDP, Vietnamese decimal comma
     assert "127,8 GB" in recs[0].reason
+    assert "FSDP FULL_SHARD + CPU offload" in ddp_or_fsdp.decision_html(
+        [ddp_or_fsdp.recommend(_llm("llama-70b", 1))])
+    ladder = ddp_or_fsdp.ladder_html(ddp_or_fsdp.recommend(_llm("llama-70b", 1)))
+    assert ladder.count("<tr>") == 1 + 12 and "← chọn" in ladder and "1\u202f103,6" in ladder
 
 
 def test_memory_figure_curves():

@@ -32,6 +32,9 @@ def test_the_data_is_the_librarys():
                                       "ZeRO-3": [True] * 3, "FULL_SHARD": [True] * 3,
                                       "SHARD_GRAD_OP": [True] * 3, "HYBRID_SHARD": [True] * 3}
     assert d["decision"]["labels"] == decision.LABELS
+    assert d["decision"]["tiers"] == [[False, False], [True, False], [False, True], [True, True]]
+    assert d["memory"]["offload_strategies"] == list(memory.OFFLOAD_STRATEGIES)
+    assert d["memory"]["kept_fraction"] == memory.CHECKPOINT_KEPT_FRACTION == 2 / 34
 
 
 def test_the_twins_return_the_library_results():
@@ -44,6 +47,10 @@ def test_the_twins_return_the_library_results():
     rec = calculator.model.recommend({"preset": "llama-7b", "gpu": "H100 80GB", "nodes": 4,
                                       "activation_gb": 20})
     assert rec["choice"] == "HYBRID_SHARD" and "HSDP" in rec["reason"]
+    assert rec["label"] == "FSDP HYBRID_SHARD" and not rec["checkpointing"] and not rec["offload"]
+    assert [o["label"] for o in rec["ladder"]][:3] == ["DDP", "FSDP HYBRID_SHARD", "FSDP FULL_SHARD"]
+    big = calculator.model.recommend({"preset": "llama-70b", "gpu": "H100 80GB", "activation_gb": 20})
+    assert big["choice"] == "FULL_SHARD" and big["offload"] and big["label"].endswith("CPU offload")
     assert calculator.model.step_bytes({"param_bytes": 8, "strategy": "DDP", "nodes": 1,
                                         "gpus_per_node": 2})["total"] == 8
     assert calculator.model.ledger({"num_params": 0})["error"].startswith("num_params phải")
@@ -76,10 +83,11 @@ def _ledger_case(rng):
     n = rng.choice([1, 2, 3, 4, 6, 8, 16, 64, 512])
     strategy = rng.choice(memory.STRATEGIES)
     shard = rng.choice([d for d in range(1, n + 1) if n % d == 0])
+    offload = {"offload": rng.random() < 0.5} if strategy in memory.OFFLOAD_STRATEGIES else {}
     return {**_model(rng), "world_size": n, "strategy": strategy, "shard_size": shard,
             "precision": rng.choice(memory.PRECISIONS), "optimizer": rng.choice(memory.OPTIMIZERS),
             "phase": rng.choice(memory.PHASES),
-            "activation_bytes": rng.choice([0.0, rng.uniform(0, 1e11)])}
+            "activation_bytes": rng.choice([0.0, rng.uniform(0, 1e11)]), **offload}
 
 
 def _network(rng):
@@ -103,7 +111,9 @@ def _recommend_case(rng):
     return {**m, "gpu": rng.choice([c.name for c in memory.CARDS]), **_network(rng),
             "precision": rng.choice(memory.PRECISIONS), "optimizer": rng.choice(memory.OPTIMIZERS),
             "activation_gb": rng.choice([0, rng.uniform(0, 80)]),
-            "headroom": rng.choice([0, 0.1, rng.uniform(0, 0.5)])}
+            "headroom": rng.choice([0, 0.1, rng.uniform(0, 0.5)]),
+            "allow_checkpointing": rng.random() < 0.8, "allow_offload": rng.random() < 0.8,
+            "host_gb": rng.choice([2000.0, rng.uniform(0, 4000), 0])}
 
 
 GOOD = {"ledger": _ledger_case, "stepBytes": _bytes_case, "stepTime": _time_case,
@@ -115,7 +125,9 @@ BAD = {  # inputs the Python refuses, each with its own message
                {"num_params": 10, "world_size": 8, "strategy": "HYBRID_SHARD", "shard_size": None},
                {"num_params": 10, "largest_unit_params": 8, "root_unit_params": 3},
                {"num_params": 10, "activation_bytes": -1}, {"num_params": 10, "precision": "fp8"},
-               {"num_params": 10, "optimizer": "lion"}, {"preset": "gpt-5"}],
+               {"num_params": 10, "optimizer": "lion"}, {"preset": "gpt-5"},
+               {"num_params": 10, "strategy": "ZeRO-1", "offload": True},
+               {"num_params": 10, "strategy": "FULL_SHARD", "offload": 1}],
     "stepBytes": [{"param_bytes": 4, "strategy": "DDP", "nodes": 0, "gpus_per_node": 8},
                   {"param_bytes": 4, "strategy": "DDP", "nodes": 1, "gpus_per_node": 1.5},
                   {"param_bytes": 4, "strategy": "ZeRO-1", "nodes": 1, "gpus_per_node": 8},
@@ -133,7 +145,10 @@ BAD = {  # inputs the Python refuses, each with its own message
                   {"num_params": 10, "gpu": "H200", "largest_unit_params": 11},
                   {"num_params": 10, "gpu": "H200", "largest_unit_params": 6, "root_unit_params": 6},
                   {"num_params": 10, "gpu": "H200", "nodes": 0},
-                  {"num_params": 10, "gpu": "H200", "precision": "int8"}],
+                  {"num_params": 10, "gpu": "H200", "precision": "int8"},
+                  {"num_params": 10, "gpu": "H200", "allow_checkpointing": 1},
+                  {"num_params": 10, "gpu": "H200", "allow_offload": "có"},
+                  {"num_params": 10, "gpu": "H200", "host_gb": -1}],
 }
 
 
@@ -183,6 +198,9 @@ def test_javascript_equals_python(page, name):
     js = page.evaluate(f"cases => cases.map(c => window.dpbookCalc.{name}(c))", cases)
     py = [calculator.TWINS[name](c) for c in cases]
     assert sum("error" in r for r in py[:CASES]) < CASES / 20  # the random cases are valid ones
+    if name == "recommend":  # the random jobs climb to every tier of the ladder, and past it
+        reached = {(r["checkpointing"], r["offload"]) for r in py[:CASES] if r.get("choice")}
+        assert reached == set(decision.TIERS) and any(r.get("choice", 0) is None for r in py)
     assert all("error" in r for r in py[CASES:]), [c for c, r in zip(BAD[name], py[CASES:])
                                                      if "error" not in r]
     found = [f"{json.dumps(c, ensure_ascii=False)}: {d}" for c, a, b in zip(cases, py, js)

@@ -1,7 +1,7 @@
 """Choosing between DDP and FSDP, section 4.1.8: the page's tables, figure and real runs.
 
-The decision rule itself (``Job``, ``Option``, ``Recommendation``, ``price``, ``recommend``,
-``LADDER``) lives in the formula layer, ``dpbook.decision``, so that the calculator of the HTML
+The decision rule itself (``Job``, ``Option``, ``Recommendation``, ``ladder``, ``price``,
+``recommend``) lives in the formula layer, ``dpbook.decision``, so that the calculator of the HTML
 book (``widgets.calculator``) runs the same copy; this module re-exports it for the page.
 """
 
@@ -12,15 +12,17 @@ from dataclasses import replace
 
 from .. import costs, memory, vi
 from ..checks import int_at_least, one_of
-from ..decision import (CANDIDATES, IN_NODE, LABELS, LADDER, Job, Option, Recommendation,
-                        gb_text, price, recommend, step_volume)
+from ..decision import (ACROSS_NODES, CANDIDATES, IN_NODE, LABELS, LADDER, NOTHING_FITS,
+                        OFFLOADABLE, TIERS, Job, Option, Recommendation, gb_text, ladder,
+                        pcie_bytes, price, recommend, step_volume)
 from ..style import GB
 
-__all__ = ["CANDIDATES", "IN_NODE", "LABELS", "LADDER", "Job", "Option", "Recommendation",
-           "gb_text", "price", "recommend", "step_volume", "resnet50_num_params", "wrap_facts",
-           "compare_run", "criteria_html", "decision_html", "memory_figure",
-           "PRECISION_SETTINGS", "precision_bytes", "compress_hook", "precision_run",
-           "zero1_run", "optimizer_order"]
+__all__ = ["ACROSS_NODES", "CANDIDATES", "IN_NODE", "LABELS", "LADDER", "NOTHING_FITS",
+           "OFFLOADABLE", "TIERS", "Job", "Option", "Recommendation", "gb_text", "ladder",
+           "pcie_bytes", "price", "recommend", "step_volume", "resnet50_num_params",
+           "wrap_facts", "compare_run", "criteria_html", "decision_html", "ladder_html",
+           "memory_figure", "PRECISION_SETTINGS", "precision_bytes", "compress_hook",
+           "precision_run", "zero1_run", "optimizer_order"]
 
 
 def resnet50_num_params(num_classes: int = 1000) -> int:
@@ -141,9 +143,23 @@ def decision_html(recs: list[Recommendation]) -> str:
     rows = [[r.job.name,
              f"{r.job.nodes} × {r.job.gpus_per_node} × {r.job.gpu.name}",
              gb_text(r.job.capacity_bytes)] + [mem(r, c) for c in CANDIDATES]
-            + [LABELS.get(r.choice, "không phương án nào vừa")] for r in recs]
+            + [r.label] for r in recs]
     return _table(["Trường hợp", "node × GPU", "dùng được (GB)"]
                   + [f"{c} (GB)" for c in CANDIDATES] + ["Lựa chọn"], rows)
+
+
+def ladder_html(rec: Recommendation) -> str:
+    """Every rung ``recommend`` priced for one job, lowest first: GPU bytes (✓ if the rung
+    fits), host bytes per node and PCIe bytes per GPU with offload, bytes sent per GPU; the
+    chosen rung is marked, the rungs above it are the ones it did not need."""
+    def mark(o: Option) -> str:
+        return "← chọn" if o is rec.chosen else ("✓" if o.fits else "✗")
+
+    rows = [[o.label, gb_text(o.memory_bytes), gb_text(o.host_bytes) if o.offload else "—",
+             gb_text(o.pcie_bytes) if o.offload else "—", gb_text(o.sent_bytes), mark(o)]
+            for o in rec.ladder]
+    return _table(["Bậc", "GPU (GB)", "CPU mỗi node (GB)", "PCIe mỗi GPU mỗi bước (GB)",
+                   "gửi mỗi GPU mỗi bước (GB)", "vừa?"], rows)
 
 
 def memory_figure(job: Job, world_sizes=(1, 2, 4, 8, 16, 32, 64)):

@@ -145,8 +145,22 @@
            " và " + repr(root) + ".");
     }
     nonNegative("activation_bytes", act);
+    var offload = pick(a, "offload", false);
+    if (typeof offload !== "boolean") { fail("offload phải là True hoặc False, nhận được " + repr(offload) + "."); }
+    if (offload && M.offload_strategies.indexOf(strategy) < 0) {
+      fail("offload=True chỉ dùng được với các chiến lược FSDP " + tuple(M.offload_strategies) +
+           " (CPUOffloadPolicy); PyTorch không có CPU offload cho " + strategy + ", nhận được strategy=" +
+           repr(strategy) + ".");
+    }
     var b = bytesPerParam(pick(a, "precision", "fp32"), pick(a, "optimizer", "adam"));
     var n = strategy === "HYBRID_SHARD" ? S : N, sh = M.sharded[strategy];
+    if (offload) {
+      var onGpu = phase === "rest" ? 0 : (strategy === "SHARD_GRAD_OP" ? P * b[0] : (unit + root) * b[0]);
+      var off = {params: onGpu, grads: 0, optimizer: 0, activations: act, host: P * (b[0] + b[1] + b[2]) / n};
+      off.state = off.params + off.grads + off.optimizer;
+      off.total = off.state + off.activations;
+      return off;
+    }
     var params = P * b[0] / (sh[0] ? n : 1);
     if (phase === "step" && strategy === "SHARD_GRAD_OP") {
       params = P * b[0];
@@ -154,7 +168,7 @@
       params += (unit + root) * b[0] * (n - 1) / n;
     }
     var led = {params: params, grads: P * b[1] / (sh[1] ? n : 1),
-               optimizer: P * b[2] / (sh[2] ? n : 1), activations: act};
+               optimizer: P * b[2] / (sh[2] ? n : 1), activations: act, host: 0};
     led.state = led.params + led.grads + led.optimizer;
     led.total = led.state + led.activations;
     return led;
@@ -258,14 +272,15 @@
     });
   }
 
-  // --- dpbook.decision: Job, price, recommend
+  // --- dpbook.decision: Job, ladder, price, recommend
   var D = DATA.decision;
   function card(name) {
     var names = DATA.cards.map(function (c) { return c.name; });
     oneOf("card", name, names);
     return DATA.cards[names.indexOf(name)];
   }
-  function gbText(nbytes, digits) { return number(nbytes / GB, digits === undefined ? 1 : digits, {group: " "}); }
+  function gbText(nbytes, digits) { return number(nbytes / GB, digits === undefined ? 1 : digits, {group: NARROW}); }
+  function checkpointedActivations(act, blocks) { return act * (M.kept_fraction + 1 / blocks); }
   function makeJob(a) {
     a = applyPreset(a, ["largest_unit_params", "root_unit_params"]);
     var gpu = card(a.gpu);
@@ -273,7 +288,9 @@
                nodes: pick(a, "nodes", 1), precision: pick(a, "precision", "mixed"),
                optimizer: pick(a, "optimizer", "adam"), activation_gb: pick(a, "activation_gb", 0),
                largest_unit_params: pick(a, "largest_unit_params", 0), headroom: pick(a, "headroom", 0.1),
-               root_unit_params: pick(a, "root_unit_params", 0)};
+               root_unit_params: pick(a, "root_unit_params", 0),
+               allow_checkpointing: pick(a, "allow_checkpointing", true),
+               allow_offload: pick(a, "allow_offload", true), host_gb: pick(a, "host_gb", 2000)};
     intAtLeast("num_params", job.num_params);
     intAtLeast("gpus_per_node", job.gpus_per_node);
     intAtLeast("nodes", job.nodes);
@@ -291,10 +308,34 @@
     if (typeof job.headroom !== "number" || !(0 <= job.headroom && job.headroom < 1)) {
       fail("headroom là phần VRAM để trống, phải nằm trong [0, 1), nhận được " + repr(job.headroom) + ".");
     }
+    ["allow_checkpointing", "allow_offload"].forEach(function (name) {
+      if (typeof job[name] !== "boolean") { fail(name + " phải là True hoặc False, nhận được " + repr(job[name]) + "."); }
+    });
+    nonNegative("host_gb", job.host_gb);
     job.world_size = job.gpus_per_node * job.nodes;
     job.capacity_bytes = gpu.usable_bytes * (1 - job.headroom);
+    job.host_capacity_bytes = job.host_gb * GB * (1 - job.headroom);
     job.comm_bytes = job.num_params * bytesPerParam(job.precision, job.optimizer)[0];
+    job.num_blocks = job.largest_unit_params ?
+      Math.floor((job.num_params - job.root_unit_params) / job.largest_unit_params) : 0;
+    job.can_checkpoint = job.allow_checkpointing && job.num_blocks > 0 && job.activation_gb > 0;
     return job;
+  }
+  function activationBytes(job, ckpt) {
+    var full = job.activation_gb * GB;
+    return ckpt ? checkpointedActivations(full, job.num_blocks) : full;
+  }
+  function label(o) {
+    return D.labels[o.strategy] + (o.checkpointing ? " + activation checkpointing" : "") +
+           (o.offload ? " + CPU offload" : "");
+  }
+  function ladder(job) {
+    var base = ["DDP"].concat(job.nodes === 1 ? D.in_node : D.across_nodes), rungs = [];
+    D.tiers.forEach(function (t) {
+      if ((t[0] && !job.can_checkpoint) || (t[1] && !job.allow_offload)) { return; }
+      base.forEach(function (s) { if (!t[1] || D.offloadable.indexOf(s) >= 0) { rungs.push([s, t[0], t[1]]); } });
+    });
+    return rungs;
   }
   function stepVolume(job, strategy) {
     var n = job.world_size, psi = job.comm_bytes;
@@ -304,71 +345,106 @@
     }
     return fsdpStepBytes(psi, n, strategy, 0, strategy === "HYBRID_SHARD" ? job.gpus_per_node : null);
   }
-  function price(job, strategy) {
+  function pcieBytes(job, strategy) {
+    var n = strategy === "HYBRID_SHARD" ? job.gpus_per_node : job.world_size;
+    var gathers = strategy === "SHARD_GRAD_OP" ? 1 : 2;
+    return D.offload_copy_bytes * job.num_params / n * (gathers + 1);
+  }
+  function price(job, strategy, ckpt, off) {
     oneOf("strategy", strategy, D.candidates);
     if (strategy === "HYBRID_SHARD" && job.nodes < 2) { fail("HYBRID_SHARD cần ít nhất 2 node (nodes >= 2)."); }
     var led = vramLedger({num_params: job.num_params, world_size: job.world_size, strategy: strategy,
                           precision: job.precision, optimizer: job.optimizer, phase: "step",
                           largest_unit_params: job.largest_unit_params,
                           root_unit_params: job.root_unit_params,
-                          activation_bytes: job.activation_gb * GB,
+                          activation_bytes: activationBytes(job, ckpt), offload: off,
                           shard_size: strategy === "HYBRID_SHARD" ? job.gpus_per_node : null});
-    var v = stepVolume(job, strategy);
+    var v = stepVolume(job, strategy), host = led.host * job.gpus_per_node;
     return {strategy: strategy, memory_bytes: led.total, sent_bytes: v.total,
             internode_bytes: internodeBytes(v, strategy, job.nodes, job.gpus_per_node),
-            fits: led.total <= job.capacity_bytes};
+            fits: led.total <= job.capacity_bytes && host <= job.host_capacity_bytes,
+            checkpointing: ckpt, offload: off, host_bytes: host,
+            pcie_bytes: off ? pcieBytes(job, strategy) : 0};
   }
-  function beyondSharding(job, full) {
-    var n = job.world_size, cap = job.capacity_bytes, state = full.memory_bytes - job.activation_gb * GB;
-    var head = "Ngay cả FULL_SHARD trên " + n + " GPU cũng cần " + gbText(full.memory_bytes) + " GB > " +
-               gbText(cap) + " GB dùng được";
-    if (state <= cap) {
-      return head + "; riêng trạng thái đã chia (" + gbText(state) + " GB) thì vừa: bật activation " +
-             "checkpointing (tính lại activation) để giảm khoản activation.";
+  function tierText(job, ckpt, off) {
+    if (ckpt && !off) {
+      return "với activation checkpointing (activation " + gbText(activationBytes(job, false)) + " → " +
+             gbText(activationBytes(job, true)) + " GB mỗi GPU): ";
     }
-    return head + "; riêng trạng thái đã chia đã cần " + gbText(state) + " GB: chuyển trạng thái ra bộ " +
-           "nhớ CPU (CPU offload), thêm GPU, hoặc song song mô hình.";
+    return !ckpt && off ? "với CPU offload (trạng thái đã chia ra bộ nhớ CPU): " : "với cả hai: ";
+  }
+  function shortfall(job, o) {
+    var text = o.strategy + " cần " + gbText(o.memory_bytes) + " GB";
+    if (o.memory_bytes > job.capacity_bytes) { text += " (thiếu " + gbText(o.memory_bytes - job.capacity_bytes) + " GB)"; }
+    if (o.host_bytes > job.host_capacity_bytes) {
+      text += ", bộ nhớ CPU mỗi node " + gbText(o.host_bytes) + " GB > " + gbText(job.host_capacity_bytes) + " GB";
+    }
+    return text;
+  }
+  function chosenText(job, o) {
+    var where = o.strategy === "HYBRID_SHARD" ? "chia trong một node (" + job.gpus_per_node + " GPU)"
+                                              : "trên " + job.world_size + " GPU";
+    var text = o.strategy + " " + where + " còn " + gbText(o.memory_bytes) + " GB (dư " +
+               gbText(job.capacity_bytes - o.memory_bytes) + " GB): chọn " + label(o);
+    if (o.strategy === "HYBRID_SHARD") {
+      text += " (HSDP), giữa các node chỉ còn AllReduce trên các shard gradient";
+    } else if (o.strategy === "FULL_SHARD" && job.nodes > 1) {
+      text += " trên mọi node";
+    }
+    if (o.checkpointing) { text += "; mỗi bước tính lại lượt truyền xuôi của " + job.num_blocks + " khối"; }
+    if (o.offload) {
+      text += "; mỗi node giữ " + gbText(o.host_bytes) + " GB trạng thái trong bộ nhớ CPU, mỗi GPU chép " +
+              gbText(o.pcie_bytes) + " GB qua PCIe mỗi bước, bước cập nhật chạy trên CPU";
+    }
+    return text + ".";
+  }
+  function nothingText(job) {
+    var skipped = [];
+    if (!job.allow_checkpointing) {
+      skipped.push("activation checkpointing (không được phép)");
+    } else if (!job.num_blocks) {
+      skipped.push("activation checkpointing (cần largest_unit_params để biết số khối)");
+    }
+    if (!job.allow_offload) { skipped.push("CPU offload (không được phép)"); }
+    var tried = skipped.length ? "; chưa thử " + skipped.join(", ") : "";
+    return "Không bậc nào vừa" + tried + ": cần thêm GPU, hoặc song song mô hình (các chương sau).";
+  }
+  function reason(job, rungs, at) {
+    var cap = gbText(job.capacity_bytes);
+    if (at === 0) {
+      return "DDP cần " + gbText(rungs[0].memory_bytes) + " GB mỗi GPU, vừa " + cap +
+             " GB dùng được: chọn DDP (mã đơn giản nhất, giao tiếp ít nhất).";
+    }
+    var failed = at < 0 ? rungs : rungs.slice(0, at), parts = [], tier = [false, false];
+    failed.forEach(function (o) {
+      var same = o.checkpointing === tier[0] && o.offload === tier[1];
+      parts.push((same ? "" : tierText(job, o.checkpointing, o.offload)) + shortfall(job, o));
+      tier = [o.checkpointing, o.offload];
+    });
+    var text = "Mỗi GPU dùng được " + cap + " GB. Không vừa: " + parts.join("; ") + ". ";
+    return text + (at < 0 ? nothingText(job) : chosenText(job, rungs[at]));
   }
   function decide(job) {
     var opts = {};
-    D.candidates.forEach(function (c) { if (c !== "HYBRID_SHARD" || job.nodes > 1) { opts[c] = price(job, c); } });
-    var cap = gbText(job.capacity_bytes), n = job.world_size, s = job.gpus_per_node, L = D.labels;
-    var need = "DDP cần " + gbText(opts.DDP.memory_bytes) + " GB mỗi GPU > " + cap + " GB dùng được";
-    if (opts.DDP.fits) {
-      return ["DDP", "DDP cần " + gbText(opts.DDP.memory_bytes) + " GB mỗi GPU, vừa " + cap +
-              " GB dùng được: chọn DDP (mã đơn giản nhất, giao tiếp ít nhất).", opts];
-    }
-    if (job.nodes === 1) {
-      var tried = "";
-      for (var i = 0; i < D.in_node.length; i++) {
-        var c = D.in_node[i];
-        if (opts[c].fits) {
-          return [c, need + "; " + tried + c + " trên " + n + " GPU còn " + gbText(opts[c].memory_bytes) +
-                  " GB: chọn " + L[c] + ".", opts];
-        }
-        tried += c + " vẫn cần " + gbText(opts[c].memory_bytes) + " GB; ";
-      }
-    } else {
-      var hyb = opts.HYBRID_SHARD, full = opts.FULL_SHARD;
-      if (hyb.fits) {
-        return ["HYBRID_SHARD", need + "; chia trong một node (" + s + " GPU) còn " + gbText(hyb.memory_bytes) +
-                " GB: chọn FSDP HYBRID_SHARD (HSDP), giữa các node chỉ còn AllReduce trên các shard " +
-                "gradient.", opts];
-      }
-      if (full.fits) {
-        return ["FULL_SHARD", need + "; chia trong một node vẫn cần " + gbText(hyb.memory_bytes) +
-                " GB; FULL_SHARD trên " + n + " GPU còn " + gbText(full.memory_bytes) +
-                " GB: chọn FSDP FULL_SHARD trên mọi node.", opts];
-      }
-    }
-    return [null, beyondSharding(job, opts.FULL_SHARD), opts];
+    D.candidates.forEach(function (c) { if (c !== "HYBRID_SHARD" || job.nodes > 1) { opts[c] = price(job, c, false, false); } });
+    var rungs = ladder(job).map(function (r) {
+      return r[1] || r[2] ? price(job, r[0], r[1], r[2]) : opts[r[0]];
+    });
+    var at = -1;
+    for (var i = 0; i < rungs.length; i++) { if (rungs[i].fits) { at = i; break; } }
+    return {at: at, rungs: rungs, opts: opts, reason: reason(job, rungs, at)};
   }
   function recommend(inputs) {
     return guard(function () {
-      var job = makeJob(inputs), r = decide(job);
-      return {choice: r[0], reason: r[1], options: r[2], capacity_bytes: job.capacity_bytes};
+      var job = makeJob(inputs), r = decide(job), chosen = r.at < 0 ? null : r.rungs[r.at];
+      return {choice: chosen ? chosen.strategy : null, checkpointing: !!(chosen && chosen.checkpointing),
+              offload: !!(chosen && chosen.offload), label: chosen ? label(chosen) : D.nothing_fits,
+              reason: r.reason, capacity_bytes: job.capacity_bytes,
+              host_capacity_bytes: job.host_capacity_bytes, num_blocks: job.num_blocks, options: r.opts,
+              ladder: r.rungs.map(function (o) { var c = merge(o); c.label = label(o); return c; })};
     });
   }
+  function merge(o) { var c = {}; for (var k in o) { c[k] = o[k]; } return c; }
 
   function guard(f) {
     try { return f(); } catch (e) { if (e.dpbook) { return {error: e.message}; } throw e; }

@@ -32,10 +32,15 @@ def data() -> dict:
                    "bytes_per_param": {p: {o: list(memory.bytes_per_param(p, o))
                                            for o in memory.OPTIMIZERS}
                                        for p in memory.PRECISIONS},
-                   "sharded": sharded},
+                   "sharded": sharded, "offload_strategies": list(memory.OFFLOAD_STRATEGIES),
+                   "kept_fraction": memory.CHECKPOINT_KEPT_FRACTION},
         "costs": {"strategies": list(costs.STRATEGIES)},
         "decision": {"candidates": list(decision.CANDIDATES), "in_node": list(decision.IN_NODE),
-                     "labels": dict(decision.LABELS)},
+                     "across_nodes": list(decision.ACROSS_NODES),
+                     "tiers": [list(t) for t in decision.TIERS],
+                     "offloadable": list(decision.OFFLOADABLE),
+                     "offload_copy_bytes": decision.OFFLOAD_COPY_BYTES,
+                     "labels": dict(decision.LABELS), "nothing_fits": decision.NOTHING_FITS},
     }
 
 
@@ -95,15 +100,19 @@ def step_time(inputs: dict) -> dict:
 
 def recommend(inputs: dict) -> dict:
     """``decision.recommend`` on a ``decision.Job`` whose ``gpu`` is a card's name
-    (``memory.card``): the choice, the reason, every candidate's price, the usable bytes."""
+    (``memory.card``): the choice (strategy, recomputation, offload, label), the reason, every
+    candidate's price, every rung of the ladder priced (with its label), the usable bytes."""
     try:
         kw = _with_preset(inputs)
         kw["gpu"] = memory.card(kw["gpu"])
         rec = decision.recommend(decision.Job(**kw))
     except ValueError as e:
         return {"error": str(e)}
-    return {"choice": rec.choice, "reason": rec.reason, "capacity_bytes": rec.job.capacity_bytes,
-            "options": {k: asdict(o) for k, o in rec.options.items()}}
+    return {"choice": rec.choice, "checkpointing": rec.checkpointing, "offload": rec.offload,
+            "label": rec.label, "reason": rec.reason, "capacity_bytes": rec.job.capacity_bytes,
+            "host_capacity_bytes": rec.job.host_capacity_bytes, "num_blocks": rec.job.num_blocks,
+            "options": {k: asdict(o) for k, o in rec.options.items()},
+            "ladder": [{**asdict(o), "label": o.label} for o in rec.ladder]}
 
 
 TWINS = {"ledger": ledger, "stepBytes": step_bytes, "stepTime": step_time, "recommend": recommend}

@@ -61,8 +61,12 @@ FIELDS = {
         ("gpus_per_node", "GPU mỗi node", "int", 8),
         ("precision", "Độ chính xác", "precision", "mixed"),
         ("optimizer", "Bộ tối ưu", "optimizer", "adam"),
-        ("activation_gb", "Activation mỗi GPU (GB)", "float", 20.0),
+        ("activation_gb", "Activation mỗi GPU khi không tính lại (GB)", "float", 20.0),
         ("headroom_pct", "Để trống (% phần cấp phát được)", "float", 10.0),
+        ("allow_checkpointing", "Cho phép activation checkpointing", (("1", "có"), ("0", "không")),
+         "1"),
+        ("allow_offload", "Cho phép CPU offload", (("1", "có"), ("0", "không")), "1"),
+        ("host_gb", "Bộ nhớ CPU mỗi node (GB)", "float", 2000.0),
     ),
 }
 TITLES = {

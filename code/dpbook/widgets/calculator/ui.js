@@ -154,21 +154,28 @@
     return null;
   }
 
-  // --- the decision rule of 4.1.8
+  // --- the decision rule of 4.1.8: every rung of the ladder, the lowest that fits chosen
   function decisionOut(v, out) {
     var rec = C.recommend(merge(model(v), {gpu: v.gpu, nodes: v.nodes, gpus_per_node: v.gpus_per_node,
                                            precision: v.precision, optimizer: v.optimizer,
-                                           activation_gb: v.activation_gb, headroom: v.headroom_pct / 100}));
+                                           activation_gb: v.activation_gb, headroom: v.headroom_pct / 100,
+                                           allow_checkpointing: v.allow_checkpointing === "1",
+                                           allow_offload: v.allow_offload === "1", host_gb: v.host_gb}));
     if (rec.error) { return rec.error; }
-    var L = C.data.decision.labels, rows = Object.keys(rec.options).map(function (s) {
-      var o = rec.options[s];
-      return "<tr><td>" + esc(L[s]) + "</td><td>" + gb(o.memory_bytes, 1) + (o.fits ? " ✓" : " ✗") +
-             "</td><td>" + gb(o.sent_bytes, 1) + "</td><td>" + gb(o.internode_bytes, 1) + "</td></tr>";
+    var rows = rec.ladder.map(function (o) {
+      var chosen = rec.choice !== null && o.label === rec.label;
+      var open = chosen ? "<b>" : "", shut = chosen ? "</b>" : "";
+      return "<tr><td>" + open + esc(o.label) + shut + "</td><td>" + gb(o.memory_bytes, 1) + (o.fits ? "\u00a0✓" : "\u00a0✗") +
+             "</td><td>" + (o.offload ? gb(o.host_bytes, 1) : "—") + "</td><td>" +
+             (o.offload ? gb(o.pcie_bytes, 1) : "—") + "</td><td>" + gb(o.sent_bytes, 1) + "</td><td>" +
+             gb(o.internode_bytes, 1) + "</td></tr>";
     });
-    out.innerHTML = '<div class="dpc-choice">' + esc(rec.choice ? "Chọn " + L[rec.choice] : "Không phương án nào vừa") +
-      "</div><p>" + esc(rec.reason) + "</p><table><thead><tr><th>Phương án</th><th>Bộ nhớ mỗi GPU (GB)</th>" +
-      "<th>Gửi mỗi GPU mỗi bước (GB)</th><th>Ra khỏi mỗi node (GB)</th></tr></thead><tbody>" + rows.join("") +
-      "</tbody></table><p>Dùng được mỗi GPU: " + gb(rec.capacity_bytes, 1) + " GB.</p>";
+    out.innerHTML = '<div class="dpc-choice">' + esc(rec.choice ? "Chọn " + rec.label : "Không phương án nào vừa") +
+      "</div><p>" + esc(rec.reason) + "</p><table><thead><tr><th>Bậc (từ thấp lên)</th><th>GPU (GB)</th>" +
+      "<th>CPU mỗi node (GB)</th><th>PCIe mỗi GPU mỗi bước (GB)</th><th>Gửi mỗi GPU mỗi bước (GB)</th>" +
+      "<th>Ra khỏi mỗi node (GB)</th></tr></thead><tbody>" + rows.join("") +
+      "</tbody></table><p>Dùng được mỗi GPU: " + gb(rec.capacity_bytes, 1) + " GB; bộ nhớ CPU mỗi node cho offload: " +
+      gb(rec.host_capacity_bytes, 1) + " GB; số khối được tính lại: " + rec.num_blocks + ".</p>";
     return null;
   }
   var OUT = {ledger: ledgerOut, traffic: trafficOut, decision: decisionOut};
