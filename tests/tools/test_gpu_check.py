@@ -78,3 +78,69 @@ def test_fallback_children_see_fewer_gpus_and_forbid_cuda_on_cpu_ranks(monkeypat
     assert seen["cmd"][-2:] == ["--fallback", "4"]
     assert seen["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert seen["env"][gpu_check.launch.NO_CUDA_VAR] == "1"
+
+
+def _fake_hang(dump_entries, calls):
+    """A stand-in for ``launch.spawn`` running ``nccl_hang``: records how it was called, writes
+    rank 0's dump where the watchdog would (``entries``: None writes none), then fails as the
+    aborted job does."""
+    import pickle
+
+    def spawn(fn, prefix, hang_timeout, **kwargs):
+        import os
+
+        env = {k: os.environ.get(k) for k in ("TORCH_NCCL_TRACE_BUFFER_SIZE",
+                                              "TORCH_NCCL_DUMP_ON_TIMEOUT",
+                                              "TORCH_NCCL_ENABLE_MONITORING",
+                                              "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")}
+        calls.append({"fn": fn.__name__, "prefix": prefix, "hang_timeout": hang_timeout,
+                      "env": env, **kwargs})
+        if dump_entries is not None:
+            with open(prefix + "0", "wb") as f:
+                pickle.dump({"entries": dump_entries}, f)
+        raise gpu_check.launch.RankError(0, "ProcessExited", "tín hiệu SIGABRT", "")
+
+    return spawn
+
+
+def gpu_check_env(prefix):
+    from dpbook.pages import modern_ddp
+
+    return modern_ddp.flight_recorder_env(prefix)
+
+
+def test_the_flight_recorder_check_wants_rank_0s_dump_of_the_stuck_all_reduce(monkeypatch, capsys):
+    calls = []
+    stuck = [{"profiling_name": "nccl:all_reduce", "collective_seq_id": k, "state": s}
+             for k, s in ((1, "completed"), (2, "completed"), (3, "scheduled"))]
+    monkeypatch.setattr(gpu_check.launch, "spawn", _fake_hang(stuck, calls))
+    assert gpu_check.flight_recorder()
+    (call,) = calls
+    assert call["fn"] == "nccl_hang" and call["backend"] == "nccl"
+    assert call["world_size"] == gpu_check.FLIGHT_RECORDER_GPUS == 2
+    assert call["hang_timeout"] == gpu_check.HANG_TIMEOUT_S < call["timeout"]
+    assert call["prefix"].endswith("nccl_trace_rank_")
+    # the recorder's variables reach the ranks through the caller's environment, then go away
+    assert call["env"] == gpu_check_env(call["prefix"])
+    import os
+    assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in os.environ
+    assert "✓ nccl_trace_rank_0: 3 mục, mục cuối nccl:all_reduce (SeqNum 3, scheduled)" in (
+        capsys.readouterr().out)
+
+
+def test_the_flight_recorder_check_fails_without_a_dump_or_a_hang(monkeypatch):
+    monkeypatch.setattr(gpu_check.launch, "spawn", _fake_hang(None, []))
+    assert not gpu_check.flight_recorder()
+    done = [{"profiling_name": "nccl:all_reduce", "collective_seq_id": 1, "state": "completed"}]
+    monkeypatch.setattr(gpu_check.launch, "spawn", _fake_hang(done, []))
+    assert not gpu_check.flight_recorder()
+    monkeypatch.setattr(gpu_check.launch, "spawn", lambda *a, **k: [None, None])  # no hang at all
+    assert not gpu_check.flight_recorder()
+
+
+def test_main_runs_the_flight_recorder_only_with_two_gpus_or_more():
+    import inspect
+
+    src = inspect.getsource(gpu_check.main)
+    assert "if gpus >= FLIGHT_RECORDER_GPUS:\n        ok &= flight_recorder()" in src
+    assert src.index("torch.cuda.is_available()") < src.index("flight_recorder()")

@@ -12,6 +12,9 @@
    (``CUDA_VISIBLE_DEVICES``): 2 ranks with 1 GPU visible and 4 ranks with 2, where
    ``launch.spawn`` picks gloo and no rank may touch CUDA (``launch.NO_CUDA_VAR``).
 5. Every notebook of the book under nbval, as ``make test`` runs them (``--no-notebooks`` skips).
+6. With 2 GPUs or more, NCCL's flight recorder (section 4.2.7): a 2-rank job where rank 1 skips
+   an AllReduce, with a short timeout and the recorder on (``pages.modern_ddp.nccl_hang``); the
+   watchdog must write rank 0's dump, naming the AllReduce that did not complete.
 
 On a machine without a GPU it says so and exits with status 0. ``--fallback N`` is step 4's
 child: the page checks on N ranks with the backend ``launch.spawn`` picks.
@@ -24,6 +27,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,6 +42,8 @@ from . import gpu_pages, machine
 GPU_MODEL = {"in_dim": 1024, "hidden": 2048, "depth": 4, "out_dim": 1024}
 # (GPUs visible, ranks): the fallbacks, where the ranks outnumber the GPUs.
 FALLBACKS = ((1, 2), (2, 4))
+FLIGHT_RECORDER_GPUS = 2  # the hang needs two ranks, each on its own GPU
+HANG_TIMEOUT_S = 5.0  # the group's timeout in the hang: the watchdog fires after it
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -119,6 +125,31 @@ def fallback(visible: int, ranks: int, timeout: float = 600.0) -> bool:
     return proc.returncode == 0
 
 
+def flight_recorder(timeout: float = 180.0, hang_timeout: float = HANG_TIMEOUT_S) -> bool:
+    """Step 6: ``modern_ddp.nccl_hang`` on 2 GPUs under NCCL. The job must fail (rank 0's
+    watchdog ends it) and leave ``<prefix>0``, a dump with the AllReduce that never completed."""
+    from ..pages import modern_ddp
+    from ..pages.failures import env_vars
+
+    folder = tempfile.mkdtemp(prefix="dpbook-flight-recorder-")
+    prefix = os.path.join(folder, "nccl_trace_rank_")
+    print(f"\nFlight recorder của NCCL: 2 rank, rank 1 bỏ một AllReduce, timeout "
+          f"{vi.general(hang_timeout)} s (dump: {prefix}<rank>):", flush=True)
+    try:
+        # in the ranks' environment before their first NCCL group exists, as an `export` would be
+        with env_vars(**modern_ddp.flight_recorder_env(prefix)):
+            launch.spawn(modern_ddp.nccl_hang, prefix, hang_timeout,
+                         world_size=FLIGHT_RECORDER_GPUS, backend="nccl", timeout=timeout,
+                         output="none")
+        problem = "job không treo: mọi rank đều xong, không có timeout nào"
+    except (launch.RankError, TimeoutError):
+        problem = modern_ddp.check_dump(prefix + "0")
+    ok = problem is None
+    print(f"  {'✓' if ok else '✗'} {modern_ddp.describe_dump(prefix + '0') if ok else problem}",
+          flush=True)
+    return ok
+
+
 def notebooks(jobs: int) -> bool:
     """Step 5: nbval over every notebook, as ``make test`` runs them."""
     print(f"\nMọi notebook của sách dưới nbval ({jobs} worker):", flush=True)
@@ -168,6 +199,8 @@ def main(argv=None) -> int:
     for visible, ranks in FALLBACKS:
         if visible <= gpus:
             ok &= fallback(visible, ranks)
+    if gpus >= FLIGHT_RECORDER_GPUS:
+        ok &= flight_recorder()
     if not args.no_notebooks:
         ok &= notebooks(args.jobs)
     print("\nKết quả: " + ("mọi kiểm tra đều đạt." if ok else "CÓ KIỂM TRA TRƯỢT (xem ✗ và ≠ ở trên)."))
