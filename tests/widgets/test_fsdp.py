@@ -12,6 +12,7 @@ import unicodedata
 import xml.etree.ElementTree as ET
 
 import pytest
+import torch
 from dpbook import memory
 from dpbook.tracing import lifecycle
 from dpbook.models import build_mlp
@@ -53,6 +54,29 @@ def test_trace_log_keeps_commlog_behaviour_and_ignores_hooks_outside_it():
     assert log.records == [] and log.volume().total == 0
     assert [(e.index, e.kind, e.phase, e.unsharded) for e in log.events] == \
         [(0, "step_begin", "rest", (True,)), (1, "forward_pre", "forward", (True,))]
+
+
+def test_prefetch_arguments_are_checked_before_any_process_starts():
+    with pytest.raises(ValueError, match="FSDP2"):
+        lifecycle.record_trace("NO_SHARD", prefetch=1)
+    with pytest.raises(ValueError, match="prefetch"):
+        lifecycle.record_trace("FULL_SHARD", prefetch=-1)
+    with pytest.raises(ValueError, match="fully_shard"):
+        lifecycle.set_prefetch([torch.nn.Linear(2, 2)], 1, 1)
+    with pytest.raises(ValueError, match="forward"):
+        lifecycle.set_prefetch([], -1, 0)
+    with pytest.raises(ValueError, match="ít nhất một rank"):
+        lifecycle.trace_from_results("FULL_SHARD", True, [])
+
+
+def test_a_trace_label_names_its_prefetch_and_keeps_the_old_labels():
+    units = (lifecycle.Unit("Block 0", 1, 4),)
+    plain = lifecycle.Trace("FULL_SHARD", True, "", "FSDP2", 2, 2, units, ())
+    assert plain.prefetch == 0 and plain.label == "FULL_SHARD"
+    default = lifecycle.Trace("FULL_SHARD", False, "", "FSDP2", 2, 2, units, ())
+    assert default.label == "FULL_SHARD (mặc định PyTorch: root không chia mảnh lại)"
+    two = lifecycle.Trace("FULL_SHARD", True, "", "FSDP2", 2, 2, units, (), 2)
+    assert two.label == "FULL_SHARD, gom trước tường minh 2 đơn vị"
 
 
 def test_fmt_bytes():

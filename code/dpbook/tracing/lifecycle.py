@@ -34,6 +34,13 @@ FULL_SHARD = ``reshard_after_forward=True``, passed explicitly so that the root 
 unsharded between forward and backward); SHARD_GRAD_OP = ``False``; HYBRID_SHARD =
 ``shard_size=2`` on 4 ranks (a 2 x 2 mesh), resharding like FULL_SHARD. NO_SHARD is FSDP1.
 
+Prefetching (``prefetch=k``, section 4.2.7): FSDP2's explicit prefetch, set by ``set_prefetch``
+on the Blocks in forward order: each Block asks for the AllGathers of the next ``k`` Blocks
+(``set_modules_to_forward_prefetch``) right after its own, and in backward for the previous
+``k`` (``set_modules_to_backward_prefetch``). ``prefetch=0`` (the default) leaves FSDP2's implicit
+prefetching alone: forward issues a unit's AllGather in that unit's own pre-forward hook, backward
+prefetches one unit in reverse post-forward order (``FSDPParamGroup._backward_prefetch``).
+
 The step recorded is the second one (Adam creates its state in the first), after
 ``zero_grad(set_to_none=True)``: a rank starts it with parameters and optimizer state only, and
 ``measure.state_bytes`` is taken before and after it, so the widget's memory bar can be checked
@@ -103,6 +110,7 @@ class Trace:
     shard_size: int  # ranks that share one unit's shards (1: NO_SHARD)
     units: tuple[Unit, ...]
     ranks: tuple[RankTrace, ...]
+    prefetch: int = 0  # explicit FSDP2 prefetch depth (``set_prefetch``); 0: PyTorch's implicit
 
     @property
     def num_params(self) -> int:
@@ -110,9 +118,12 @@ class Trace:
 
     @property
     def label(self) -> str:
+        label = self.strategy
         if not self.reshard_root:
-            return f"{self.strategy} (mặc định PyTorch: root không chia mảnh lại)"
-        return self.strategy
+            label += " (mặc định PyTorch: root không chia mảnh lại)"
+        if self.prefetch:
+            label += f", gom trước tường minh {self.prefetch} đơn vị"
+        return label
 
 
 class TraceLog(CommLog):
@@ -187,6 +198,29 @@ def _wrap(model, strategy: str, reshard_root: bool):
         shard or get_world_size()
 
 
+def set_prefetch(blocks, forward: int = 0, backward: int = 0) -> None:
+    """Explicit FSDP2 prefetching over ``blocks``, ``fully_shard`` units in forward order:
+    Block ``i`` prefetches Blocks ``i+1 … i+forward`` in forward and Blocks ``i-1 … i-backward``
+    in backward, fewer at the ends (the recipe of ``distributed/FSDP2/example.py`` in
+    pytorch/examples, which instead leaves the Blocks without ``forward`` successors at the
+    default). ``0`` keeps PyTorch's implicit prefetching in that direction."""
+    from torch.distributed.fsdp import FSDPModule
+
+    int_at_least("forward", forward, 0)
+    int_at_least("backward", backward, 0)
+    blocks = list(blocks)
+    if not all(isinstance(b, FSDPModule) for b in blocks):
+        raise ValueError("set_prefetch cần các module đã qua fully_shard (FSDP2), theo thứ tự "
+                         "lượt xuôi.")
+    for i, block in enumerate(blocks):
+        ahead = blocks[i + 1:i + 1 + forward]
+        if ahead:
+            block.set_modules_to_forward_prefetch(ahead)
+        behind = blocks[max(0, i - backward):i][::-1]
+        if behind:
+            block.set_modules_to_backward_prefetch(behind)
+
+
 def _units(model) -> tuple[list[Unit], list, list]:
     """Units of the unwrapped MLP: (units, the Blocks, the modules that compute with each
     unit's own parameters: the Blocks, then the head for the root)."""
@@ -215,9 +249,11 @@ def _register_hooks(log: TraceLog, modules, compute) -> None:
 
 
 def record_lifecycle(rank: int, world_size: int, strategy: str = "FULL_SHARD",
-                     reshard_root: bool = True, depth: int = 3, batch_size: int = 4) -> dict:
+                     reshard_root: bool = True, depth: int = 3, batch_size: int = 4,
+                     prefetch: int = 0) -> dict:
     """Rank function for ``launch.spawn``: wrap a small MLP, take one warm-up step (Adam creates
-    its state), then record one step: forward, backward, ``optimizer.step()``."""
+    its state), then record one step: forward, backward, ``optimizer.step()``. ``prefetch``:
+    explicit FSDP2 prefetch depth in both directions (``set_prefetch``); 0: implicit."""
     from torch.distributed.tensor import DTensor
 
     from ..data import rank_batch, synthetic_regression
@@ -227,11 +263,15 @@ def record_lifecycle(rank: int, world_size: int, strategy: str = "FULL_SHARD",
     from ..train import train_step
 
     one_of("strategy", strategy, STRATEGIES)
+    _check_prefetch(strategy, prefetch)
     model = build_mlp(depth=depth)
     units, modules, compute = _units(model)
     # Look parameters up again at every event: FSDP2 swaps the module's parameter objects.
     probes = [(m.linear if k < len(units) - 1 else m) for k, m in enumerate(compute)]
     wrapped, call, shard = _wrap(model, strategy, reshard_root)
+    if prefetch:
+        set_prefetch(model.blocks, prefetch, prefetch)
+        call += f"; set_prefetch(model.blocks, {prefetch}, {prefetch})"
     if strategy == "NO_SHARD":  # FSDP1 flat parameters: nothing is ever sharded
         log = TraceLog(lambda: (True,) * len(units))
     else:
@@ -254,7 +294,14 @@ def record_lifecycle(rank: int, world_size: int, strategy: str = "FULL_SHARD",
         after = state_bytes(wrapped, optimizer)
         log.mark("step_end")
     return {"units": units, "events": log.events, "before": before, "after": after,
-            "call": call, "shard_size": shard}
+            "call": call, "shard_size": shard, "prefetch": prefetch}
+
+
+def _check_prefetch(strategy: str, prefetch) -> None:
+    int_at_least("prefetch", prefetch, 0)
+    if prefetch and strategy == "NO_SHARD":
+        raise ValueError("prefetch chỉ dùng được với FSDP2; NO_SHARD ở đây là FSDP1 "
+                         "(FullyShardedDataParallel). Hãy để prefetch=0.")
 
 
 def assign_units(events, units, shard_size: int) -> tuple[TraceEvent, ...]:
@@ -286,12 +333,13 @@ def world_size_for(strategy: str) -> int:
 
 
 def record_trace(strategy: str = "FULL_SHARD", *, reshard_root: bool = True, depth: int = 3,
-                 timeout: float = 180.0) -> Trace:
+                 timeout: float = 180.0, prefetch: int = 0) -> Trace:
     """Run one real step on CPU (gloo) with ``strategy`` and return its trace.
 
     ``reshard_root``: with FULL_SHARD or HYBRID_SHARD, ``True`` passes
     ``reshard_after_forward=True`` (the root is resharded too, as in the textbook ZeRO-3);
     ``False`` passes PyTorch's default ``None``, which keeps the root unsharded after forward.
+    ``prefetch``: explicit FSDP2 prefetch depth (``set_prefetch``), 0 for PyTorch's implicit.
     """
     from ..launch import spawn
 
@@ -302,8 +350,19 @@ def record_trace(strategy: str = "FULL_SHARD", *, reshard_root: bool = True, dep
     if not isinstance(reshard_root, bool):  # the book's convention: bad inputs -> ValueError
         raise ValueError(  # noqa: TRY004
             f"reshard_root phải là True hoặc False, nhận được {reshard_root!r}.")
+    _check_prefetch(strategy, prefetch)
     results = spawn(record_lifecycle, strategy, reshard_root, depth, world_size=n,
-                    backend="gloo", timeout=timeout, output="none")
+                    backend="gloo", timeout=timeout, output="none", prefetch=prefetch)
+    return trace_from_results(strategy, reshard_root, results)
+
+
+def trace_from_results(strategy: str, reshard_root: bool, results: list[dict]) -> Trace:
+    """The ``Trace`` of what every rank's ``record_lifecycle`` returned (in rank order): a page
+    that calls ``record_lifecycle`` inside a launch of its own builds its traces with this."""
+    one_of("strategy", strategy, STRATEGIES)
+    if not results:
+        raise ValueError("Cần kết quả của ít nhất một rank (danh sách rỗng).")
+    n = len(results)
     r0 = results[0]
     units = tuple(r0["units"])
     ranks = tuple(RankTrace(r, assign_units(res["events"], units, r0["shard_size"]),
@@ -314,7 +373,7 @@ def record_trace(strategy: str = "FULL_SHARD", *, reshard_root: bool = True, dep
         raise RuntimeError("Các rank ghi được chuỗi sự kiện khác nhau; trace không nhất quán.")
     return Trace(strategy, reshard_root if strategy in ("FULL_SHARD", "HYBRID_SHARD") else True,
                  r0["call"], "FSDP1" if strategy == "NO_SHARD" else "FSDP2", n,
-                 r0["shard_size"], units, ranks)
+                 r0["shard_size"], units, ranks, r0.get("prefetch", 0))
 
 
 def record_traces(strategies=STRATEGIES, *, pytorch_default_root: bool = True,

@@ -1,0 +1,125 @@
+"""Section 4.2.7, part II (``dpbook.pages.modern_fsdp``): the formulas the page checks its runs
+against, and torch's rules they restate. No processes: the page's notebook runs the ranks.
+
+The numbers are those of the page's models: ``build_mlp(depth=3)`` (Blocks of 544, 1 056 and
+1 056 parameters, a root head of 132; fp32: 2 176, 4 224, 4 224 and 528 bytes) and
+``build_bucket_net()`` (d = 64, hidden widths 128, 256, 512, input 32, output 256).
+"""
+
+import inspect
+
+import pytest
+import torch
+
+from dpbook.models import build_mlp
+from dpbook.pages import modern_fsdp
+
+BLOCKS = [2176, 4224, 4224]
+ROOT = 528
+
+
+def test_the_block_bytes_are_those_of_the_page_model():
+    model = build_mlp(depth=modern_fsdp.DEPTH)
+    assert [4 * sum(p.numel() for p in b.parameters()) for b in model.blocks] == BLOCKS
+    assert 4 * sum(p.numel() for p in model.head.parameters()) == ROOT
+
+
+@pytest.mark.parametrize("k, extra", [(0, [0, 0, 0]), (1, [4224, 4224, 0]),
+                                      (2, [8448, 4224, 0]), (5, [8448, 4224, 0])])
+def test_prefetch_adds_the_next_units_full_bytes(k, extra):
+    assert modern_fsdp.prefetched_bytes(BLOCKS, k) == extra
+
+
+def test_held_bytes_count_the_root_two_copies_activations_and_prefetch():
+    # 4 samples x 32 features x 4 bytes of activation per Block before Block i
+    assert modern_fsdp.held_bytes(BLOCKS, ROOT, 512) == [4880, 9488, 10000]
+    assert modern_fsdp.held_bytes(BLOCKS, ROOT, 512, 1) == [9104, 13712, 10000]
+    assert modern_fsdp.held_bytes(BLOCKS, ROOT, 512, 2) == [13328, 13712, 10000]
+
+
+def test_post_forward_size_follows_fully_shard():
+    size = modern_fsdp.post_forward_size
+    assert size(True, 4) is True and size(False, 4) is False
+    assert size(2, 4) == 2 and size(1, 4) is False and size(4, 4) is True
+    assert size(2, 2) is True  # on 2 ranks an int can only mean True or False
+    for bad in (3, 0, 8, "2", 2.0):
+        with pytest.raises(ValueError, match="reshard_after_forward"):
+            size(bad, 4)
+    from torch.distributed.fsdp._fully_shard._fsdp_init import _get_post_forward_mesh_info
+    src = inspect.getsource(_get_post_forward_mesh_info)
+    assert "shard_mesh_size % reshard_after_forward != 0" in src
+    assert "mesh_info.mesh.mesh.view(-1, reshard_after_forward)" in src
+
+
+def test_post_forward_bytes_between_forward_and_backward():
+    full = 4 * 2788  # the whole MLP, fp32
+    assert modern_fsdp.post_forward_bytes(full, 4, True) == 2788
+    assert modern_fsdp.post_forward_bytes(full, 4, 2) == 5576
+    assert modern_fsdp.post_forward_bytes(full, 4, False) == full
+
+
+def test_activation_bytes_of_the_bucket_net():
+    assert modern_fsdp.activation_bytes(8) == 4 * 8 * (64 + (130 + 128) + (130 + 256)
+                                                      + (130 + 512) + 256) == 51392
+    assert modern_fsdp.activation_bytes(8, checkpointed=True) == 4 * 8 * (64 + 3 * 64 + 256)
+    assert modern_fsdp.activation_bytes(64) == 411136
+    assert modern_fsdp.activation_bytes(64, checkpointed=True) == 131072
+    with pytest.raises(ValueError, match="batch_size"):
+        modern_fsdp.activation_bytes(0)
+
+
+def test_recompute_flops_are_fc1_only():
+    assert modern_fsdp.recompute_flops(64) == 2 * 64 * 64 * (128 + 256 + 512) == 7340032
+    from torch.utils import checkpoint
+    assert inspect.signature(checkpoint.checkpoint).parameters["use_reentrant"].default is None
+    assert "early_stop: bool = True" in inspect.getsource(checkpoint._checkpoint_without_reentrant_generator)
+
+
+def test_ddp_optimizer_buckets_split_from_the_last_layer():
+    block = 4 * (512 * 512 + 512)
+    head = 4 * (512 * 4 + 4)
+    cap = modern_fsdp.BUCKET_CAP_MB * 2**20
+    assert modern_fsdp.ddp_optimizer_buckets([block] * 4 + [head], cap) == \
+        [block, block, block, block + head]
+    # a larger cap: the first bucket still closes at torch's 1 MiB, the rest is one bucket
+    assert modern_fsdp.ddp_optimizer_buckets([block] * 4 + [head], 25 * cap) == \
+        [3 * block, block + head]
+    assert modern_fsdp.ddp_optimizer_buckets([block] * 4 + [head], 25 * cap, 25 * cap) == \
+        [4 * block + head]
+    with pytest.raises(ValueError, match="cap"):
+        modern_fsdp.ddp_optimizer_buckets([1], 0)
+    with pytest.raises(ValueError, match="bucket_cap_mb"):
+        modern_fsdp.ddp_optimizer_buckets([1], 2**19)
+    assert modern_fsdp.FIRST_BUCKET_BYTES == torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+
+def test_ddp_optimizer_refuses_a_cap_below_its_first_bucket():
+    from torch._dynamo.backends.distributed import DDPOptimizer
+    DDPOptimizer(bucket_bytes_cap=2**20, backend_compile_fn=lambda gm, _: gm)
+    with pytest.raises(AssertionError, match="First bucket"):
+        DDPOptimizer(bucket_bytes_cap=2**19, backend_compile_fn=lambda gm, _: gm)
+    assert torch.distributed._DEFAULT_FIRST_BUCKET_BYTES == 2**20
+
+
+def _event(index, kind, phase, unit=None, collective=None):
+    from dpbook.tracing.lifecycle import TraceEvent
+    return TraceEvent(index, kind, phase, unit, collective)
+
+
+def test_issue_order_reads_gathers_and_computes_of_one_pass():
+    events = [_event(0, "step_begin", "rest"), _event(1, "forward_pre", "forward", 0),
+              _event(2, "collective", "forward", 0, "all_gather"),
+              _event(3, "collective", "forward", 1, "all_gather"),
+              _event(4, "forward_compute", "forward", 0), _event(5, "forward_compute", "forward", 1),
+              _event(6, "backward_pre", "backward", 1),
+              _event(7, "collective", "backward", 0, "all_gather"),
+              _event(8, "backward_post", "backward", 1),
+              _event(9, "collective", "backward", 1, "reduce_scatter")]
+    order = modern_fsdp.issue_order(events, "forward")
+    assert order == [("AllGather", 0), ("AllGather", 1), ("compute", 0), ("compute", 1)]
+    assert modern_fsdp.gathered_before(order, 0) == [0, 1]
+    back = modern_fsdp.issue_order(events, "backward")
+    assert back == [("AllGather", 0), ("done", 1)]
+    assert modern_fsdp.gathered_before(back, 1, "done") == [0]
+    with pytest.raises(ValueError, match="phase"):
+        modern_fsdp.issue_order(events, "optimizer")
