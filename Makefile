@@ -27,7 +27,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # 2 workers suit the 2-core reference machine; override with `make test JOBS=8`.
 JOBS ?= 2
 
-.PHONY: book test lab gpu-check doctor setup clean browser bench-launch
+.PHONY: book pdf test lab gpu-check doctor setup clean browser bench-launch
 
 setup: $(STAMP)
 
@@ -52,6 +52,11 @@ $(STAMP): pyproject.toml constraints.txt
 book: $(STAMP)
 	$(BIN)/jupyter-book build . -W --keep-going
 	@echo "Sách HTML: $(CURDIR)/_build/html/index.html"
+
+# The whole book as one PDF (with the solutions) and a student edition without them, in _build/pdf:
+# a one-page build from the same execution cache, printed by Debian's Chromium (dpbook.tools.pdf).
+pdf: $(STAMP) browser
+	$(BIN)/python -m dpbook.tools.pdf
 
 # For learners: JupyterLab from the book's own .venv (its kernel imports dpbook, ipywidgets' live
 # controls work), opened at the chapter's first page (the server's default address, so the address it
@@ -81,7 +86,7 @@ browser:
 # that cache instead of executing every notebook a second time.
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax -m "not builds_book" --durations=10
-	$(BIN)/python -m pytest -m builds_book tests/test_built_book.py
+	$(BIN)/python -m pytest -m builds_book tests/test_built_book.py tests/test_built_book_print.py
 
 # Not part of `make test`: the launcher's speed against torch.multiprocessing.spawn, 200
 # launches in 2 concurrent streams (must print 0 failures), and the gloo race the launcher avoids.

@@ -1,44 +1,18 @@
-"""Build the book as ``make book`` does (``-W``, notebooks executed), then read it in a real
-headless browser with the network off."""
+"""Build the book as ``make book`` does (``-W``, notebooks executed; the ``built`` fixture in
+``conftest.py``), then read it in a real headless browser with the network off."""
 
-import os
 import re
 import pathlib
 import shutil
-import subprocess
-import sys
 from html.parser import HTMLParser
 
 import pytest
-import yaml
-
-from dpbook.tools import execution_cache
 
 pytestmark = [pytest.mark.slow, pytest.mark.builds_book]
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-@pytest.fixture(scope="module")
-def html(root, tmp_path_factory) -> pathlib.Path:
-    out = tmp_path_factory.mktemp("book")
-    config = yaml.safe_load((root / "_config.yml").read_text())
-    config["bibtex_bibfiles"] = [str(root / b) for b in config["bibtex_bibfiles"]]
-    # The execution cache that `make book` uses and that the notebook tests fill: after them
-    # the book is built from their runs, not executed a second time (dpbook.tools).
-    config["execute"]["cache"] = str(root / execution_cache.DEFAULT)
-    cfg = out / "_config.yml"
-    cfg.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
-    jb = pathlib.Path(sys.executable).with_name("jupyter-book")
-    proc = subprocess.run(
-        [str(jb), "build", str(root), "-W", "--keep-going", "--config", str(cfg),
-         "--path-output", str(out)],
-        capture_output=True, text=True, timeout=900, env=os.environ | {"PYTHONWARNINGS": ""},
-    )
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
-    return out / "_build" / "html"
 
 
 def test_pages_exist_with_real_outputs(html):
@@ -330,7 +304,7 @@ _INTERFACE_JS = """() => {
 # seed's title words. Anything else English in the interface is a missing translation.
 INTERFACE_ENGLISH = {
     "data", "parallelism", "pytorch", "ddp", "fsdp", "dp", "gpu", "cpu", "vram", "dpbook",
-    "ipynb", "pdf", "md", "zero", "ctrl", "k", "javascript",
+    "ipynb", "pdf", "md", "zero", "ctrl", "k", "javascript", "notebook", "zip",
 }
 # Short English words that are also spelled like Vietnamese syllables without diacritics.
 _LOOKALIKES = {"by", "to", "on", "in", "an", "at", "as", "or", "no", "go", "do", "up", "it",

@@ -59,12 +59,16 @@ def _wait_for_server(base: str, token: str, proc, seconds: float = 90) -> None:
 def _run_until_output(page, selector: str, seconds: float = 90):
     """Run the notebook's cells until ``selector`` shows. The kernel's status reads idle a moment
     before JupyterLab's notebook tracker points at the new panel; a run asked for in that moment
-    does nothing (seen here 2 times in 4), so the run is asked again."""
+    does nothing (seen here 2 times in 4), so the run is asked again, unless a cell is running.
+    The command is not awaited: its promise settles only when the run ends, and once it never
+    did (a page.evaluate waiting on it, which has no timeout, held the test for 600 s)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     deadline = time.monotonic() + seconds
     while True:
-        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        if page.locator(".jp-InputPrompt:has-text('[*]')").count() == 0:
+            page.evaluate("() => { void window.jupyterapp.commands.execute("
+                          "'notebook:run-all-cells'); }")
         try:
             return page.wait_for_selector(selector, timeout=5_000)
         except PlaywrightTimeout:

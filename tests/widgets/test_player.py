@@ -22,3 +22,17 @@ def test_speed_menu_shows_a_decimal_comma_and_keeps_a_value_the_script_parses():
 def test_a_player_needs_frames():
     with pytest.raises(ValueError, match="frames"):
         Player([], "Thử")
+
+
+def test_every_frame_carries_its_numbered_caption_for_print():
+    """A printed page shows every frame (a filmstrip), so each frame holds its own caption; the
+    screen copies the shown frame's caption under the controls."""
+    html = _player().to_html()
+    frames = re.findall(r'<div class="dpb-frame"( hidden)?><svg></svg><p class="dpb-cap">'
+                        r'<span class="dpb-num">(\d) / 2\.</span> <span class="dpb-text">([^<]+)'
+                        r'</span></p></div>', html)
+    assert frames == [("", "1", "một"), (" hidden", "2", "hai")]
+    assert "caps=root.querySelectorAll(\".dpb-text\")" in html
+    css = html[html.index("@media print"):]
+    assert ".dpb-frame,.dpb-frame[hidden]{display:block" in css
+    assert ".dpb-controls,.dpb-caption{display:none}" in css

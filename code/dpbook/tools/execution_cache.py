@@ -22,6 +22,12 @@ STAMP = "dpbook-inputs.sha256"
 DEFAULT = Path("_build", ".jupyter_cache")  # myst-nb's default beside _build/html
 
 
+def cache_folder(app) -> Path:
+    """Where a Sphinx build's myst-nb keeps executed outputs (its default: beside the output)."""
+    configured = app.config.nb_execution_cache_path
+    return Path(configured) if configured else Path(app.outdir).parent / ".jupyter_cache"
+
+
 def inputs_digest(root: Path, inputs) -> str:
     """SHA-256 over the paths and bytes of every file under ``inputs`` (files or folders,
     relative to ``root``), ignoring Python's byte-code caches."""

@@ -13,20 +13,15 @@ declares ``const THEBE_JS_URL`` twice and the browser logs a SyntaxError. Droppi
 script entries per page removes the error without touching either package.
 
 Search in Vietnamese (diacritics folded, glossary aliases) comes from ``dpbook.tools.search_vi``,
-the interface's strings in Vietnamese from ``dpbook.tools.interface_vi``.
+the interface's strings in Vietnamese from ``dpbook.tools.interface_vi``, the executed notebooks
+to download from ``dpbook.tools.downloads``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from . import execution_cache, interface_vi, search_vi
-
-
-def cache_folder(app) -> Path:
-    """Where myst-nb keeps executed outputs (its default: beside the output folder)."""
-    configured = app.config.nb_execution_cache_path
-    return Path(configured) if configured else Path(app.outdir).parent / ".jupyter_cache"
+from . import downloads, execution_cache, interface_vi, search_vi
 
 
 def _drop_stale_outputs(app, config) -> None:
@@ -34,7 +29,7 @@ def _drop_stale_outputs(app, config) -> None:
     if not inputs:
         return
     app.dpbook_digest = execution_cache.inputs_digest(Path(app.srcdir), inputs)
-    execution_cache.ensure_valid(cache_folder(app), app.dpbook_digest)
+    execution_cache.ensure_valid(execution_cache.cache_folder(app), app.dpbook_digest)
     # Sphinx re-reads only pages whose source changed: its saved environment goes too.
     if not execution_cache.is_valid(app.doctreedir, app.dpbook_digest):
         Path(app.doctreedir, "environment.pickle").unlink(missing_ok=True)
@@ -61,12 +56,26 @@ def _dedupe_scripts(app, pagename, templatename, context, doctree) -> None:
     scripts[:] = unique
 
 
+def _html_handlers_for_singlehtml(app) -> None:
+    # Sphinx takes a node's handlers from the builder's name and falls back to its format only
+    # when no extension registered any for that name (``SphinxComponentRegistry.create_translator``).
+    # sphinx-exercise registers ``singlehtml=`` handlers, so myst-nb's ``HideCodeCellNode``
+    # (registered for ``html`` only) had none in the one-page build that ``make pdf`` prints.
+    if app.builder.name != "singlehtml":
+        return
+    handlers = app.registry.translation_handlers
+    for node, visit_depart in handlers.get("html", {}).items():
+        handlers.setdefault("singlehtml", {}).setdefault(node, visit_depart)
+
+
 def setup(app):
     app.add_config_value("dpbook_execution_inputs", [], "env")
     app.connect("config-inited", _drop_stale_outputs)
     app.connect("build-finished", _record_inputs)
     app.connect("html-page-context", _dedupe_scripts, priority=900)
+    app.connect("builder-inited", _html_handlers_for_singlehtml)
     search_vi.setup(app)
     interface_vi.setup(app)
+    downloads.setup(app)
     # env_version: the saved environment of a build before the glossary aliases lacks them.
     return {"parallel_read_safe": True, "parallel_write_safe": True, "env_version": 1}

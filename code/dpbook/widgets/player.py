@@ -8,7 +8,8 @@ Controls: first / previous / play-pause / next / last, a step slider, a speed me
 presentation switch (larger text and strokes for a projector) and full screen. Keyboard, when
 the player has focus (click it): left/right arrows, space, Home/End, ``f`` (full screen), ``p``
 (presentation). Several players on one page are independent: each has its own id and its
-script only touches elements inside its own root.
+script only touches elements inside its own root. Printed (the browser's print, or ``make pdf``),
+a player is a filmstrip: every frame, numbered, with its caption, and no controls.
 """
 
 from __future__ import annotations
@@ -58,13 +59,23 @@ _CSS = """
 .dpb-present svg .arrow{stroke-width:5px}
 .dpb-player:fullscreen{display:flex;flex-direction:column;justify-content:center;padding:2vh 3vw}
 .dpb-player:fullscreen .dpb-stage svg{max-height:72vh}
+.dpb-frame .dpb-cap{display:none}
+@media print{
+  .dpb-player{border:none;padding:0;break-inside:auto}
+  .dpb-controls,.dpb-caption{display:none}
+  .dpb-stage{display:grid;grid-template-columns:repeat(auto-fill,minmax(45%,1fr));gap:10px 4%}
+  .dpb-frame,.dpb-frame[hidden]{display:block;break-inside:avoid;border-top:1px solid #bbb;
+    padding-top:4px}
+  .dpb-frame .dpb-cap{display:block;font-size:0.85em;line-height:1.3;margin-top:4px}
+  .dpb-num{font-weight:bold}
+}
 """
 
 # Kept short on purpose: it only shows one frame, and moves the index on a timer or on input.
 _JS = """
 (function(){
   var root=document.getElementById("%(id)s"); if(!root) return;
-  var frames=root.querySelectorAll(".dpb-frame"), caps=root.querySelectorAll(".dpb-cap");
+  var frames=root.querySelectorAll(".dpb-frame"), caps=root.querySelectorAll(".dpb-text");
   var cap=root.querySelector(".dpb-caption"), slider=root.querySelector(".dpb-slider");
   var step=root.querySelector(".dpb-step"), play=root.querySelector(".dpb-play");
   var speed=root.querySelector(".dpb-speed"), n=frames.length, i=0, timer=null;
@@ -117,12 +128,14 @@ class Player:
     def to_html(self) -> str:
         """A fragment (style, markup, script) that can sit anywhere in a page."""
         last = len(self.frames) - 1
+        # Each frame carries its caption: the screen shows one frame and copies its caption
+        # below the controls; a printed page shows every frame with its own (a filmstrip).
         stage = "".join(
-            f'<div class="dpb-frame"{"" if k == 0 else " hidden"}>{f.svg}</div>'
+            f'<div class="dpb-frame"{"" if k == 0 else " hidden"}>{f.svg}'
+            f'<p class="dpb-cap"><span class="dpb-num">{k + 1} / {last + 1}.</span> '
+            f'<span class="dpb-text">{html.escape(f.caption)}</span></p></div>'
             for k, f in enumerate(self.frames)
         )
-        caps = "".join(f'<span class="dpb-cap">{html.escape(f.caption)}</span>'
-                       for f in self.frames)
         cls = "dpb-player dpb-present" if self.presentation else "dpb-player"
         # the value is what the script parses (parseFloat: "0.5"); the label is what a reader
         # sees ("0,5×")
@@ -134,7 +147,6 @@ class Player:
             f'aria-label="{html.escape(self.title)}">'
             f'<div class="dpb-title">{html.escape(self.title)}</div>'
             f'<div class="dpb-stage">{stage}</div>'
-            f'<div hidden>{caps}</div>'
             f'<div class="dpb-caption" aria-live="polite">{html.escape(self.frames[0].caption)}</div>'
             '<div class="dpb-controls">'
             '<button type="button" class="dpb-first" title="Về đầu (Home)">|◀</button>'
