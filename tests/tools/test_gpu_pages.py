@@ -25,12 +25,63 @@ def test_a_failing_page_is_reported_and_the_rest_still_run(monkeypatch):
     assert rows[0]["detail"] == "RuntimeError: hỏng có chủ ý" and rows[1]["detail"] == "2 gloo"
 
 
+# These two checks run exactly what a page runs on CPU (Bài A's cell runs the checker on the
+# solution, 4.2.6's cell the killed-and-resumed script), so here only their wiring is tested.
+SAME_AS_A_PAGE = {"Bài A", "4.2.6 chịu lỗi"}
+
+
 @pytest.mark.distributed
-@pytest.mark.parametrize("page", list(gpu_pages.PAGES))
+@pytest.mark.parametrize("page", [p for p in gpu_pages.PAGES if p not in SAME_AS_A_PAGE])
 def test_every_page_check_passes_on_cpu(page):
     # "auto" as in make gpu-check's fallbacks: every launcher chooses, here gloo on the CPU.
     detail = gpu_pages.PAGES[page](2, "auto", 240)
     assert isinstance(detail, str) and detail and not detail.startswith("bỏ qua")
+
+
+def test_lab_a_check_runs_the_solution_on_the_ranks_and_backend_asked(monkeypatch):
+    from types import SimpleNamespace
+
+    from dpbook.labs.lab_a import SOLUTION, checker
+
+    calls = []
+
+    def fake_check(path, **kw):
+        calls.append((path, kw))
+        return SimpleNamespace(passed=kw["nproc_per_node"] == 2, items=[1, 2, 3], failed=["x"])
+
+    monkeypatch.setattr(checker, "check", fake_check)
+    assert gpu_pages.PAGES["Bài A"](2, "nccl", 7) == "lời giải qua 3 mục kiểm tra"
+    assert calls == [(SOLUTION, {"nproc_per_node": 2, "timeout": 7, "verbose": False,
+                                 "backend": "nccl"})]
+    with pytest.raises(AssertionError, match="trượt"):
+        gpu_pages.PAGES["Bài A"](4, "nccl", 7)
+    assert gpu_pages.PAGES["Bài A"](3, "nccl", 7).startswith("bỏ qua")
+
+
+def test_resume_check_kills_the_last_rank_and_wants_a_restart_from_the_checkpoint(monkeypatch):
+    import json
+    import os
+
+    from dpbook import torchrun
+
+    seen = {}
+
+    def fake_run(module, args, **kw):
+        seen.update(module=module, args=args, **kw)
+        out = args[args.index("--out") + 1]
+        with open(os.path.join(os.path.dirname(out), "final.json"), "w", encoding="utf-8") as f:
+            json.dump({"attempts": [{"from_step": 0}, {"from_step": seen["starts"]}]}, f)
+
+    monkeypatch.setattr(torchrun, "run", fake_run)
+    seen["starts"] = 4
+    assert gpu_pages.PAGES["4.2.6 chịu lỗi"](3, "gloo", 9).endswith("từ bước 4")
+    assert seen["module"] == "dpbook.scripts.resume" and seen["nproc_per_node"] == 3
+    assert seen["max_restarts"] == 1 and seen["backend"] == "gloo" and seen["timeout"] == 9
+    args = seen["args"]
+    assert args[args.index("--kill-rank") + 1] == 2 and args[args.index("--ckpt-every") + 1] == 4
+    seen["starts"] = 0
+    with pytest.raises(AssertionError, match=r"\[0, 4\]"):
+        gpu_pages.PAGES["4.2.6 chịu lỗi"](3, "gloo", 9)
 
 
 def test_a_run_on_the_wrong_backend_fails_its_check(monkeypatch):
