@@ -34,5 +34,5 @@ def test_every_frame_carries_its_numbered_caption_for_print():
     assert frames == [("", "1", "một"), (" hidden", "2", "hai")]
     assert "caps=root.querySelectorAll(\".dpb-text\")" in html
     css = html[html.index("@media print"):]
-    assert ".dpb-frame,.dpb-frame[hidden]{display:block" in css
+    assert ".dpb-frame,.dpb-frame[hidden]{display:block!important" in css
     assert ".dpb-controls,.dpb-caption{display:none}" in css

@@ -64,8 +64,9 @@ _CSS = """
   .dpb-player{border:none;padding:0;break-inside:auto}
   .dpb-controls,.dpb-caption{display:none}
   .dpb-stage{display:grid;grid-template-columns:repeat(auto-fill,minmax(45%,1fr));gap:10px 4%}
-  .dpb-frame,.dpb-frame[hidden]{display:block;break-inside:avoid;border-top:1px solid #bbb;
-    padding-top:4px}
+  /* !important: the book's theme (Bootstrap's reboot) hides [hidden] with !important */
+  .dpb-frame,.dpb-frame[hidden]{display:block!important;break-inside:avoid;
+    border-top:1px solid #bbb;padding-top:4px}
   .dpb-frame .dpb-cap{display:block;font-size:0.85em;line-height:1.3;margin-top:4px}
   .dpb-num{font-weight:bold}
 }
