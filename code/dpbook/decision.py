@@ -7,7 +7,7 @@ allowance, what the job allows). ``recommend(job)`` prices every rung of the lad
 "Quy tắc quyết định"):
 
 1. without recomputation or offload: DDP; then, on one node, ZeRO-1 (DDP with
-   ``ZeroRedundancyOptimizer``: only the optimizer state is sharded), ``SHARD_GRAD_OP``
+   ``ZeroRedundancyOptimizer``: only the wrapped optimizer's state is sharded), ``SHARD_GRAD_OP``
    (ZeRO-2), ``FULL_SHARD`` (ZeRO-3); on several nodes, ``HYBRID_SHARD`` (HSDP, one node as the
    shard group: it fits when one node holds the sharded state), then ``FULL_SHARD`` over every
    GPU;
@@ -22,6 +22,24 @@ A tier the job does not allow (``allow_checkpointing``, ``allow_offload``), or c
 (checkpointing needs ``largest_unit_params`` to count the blocks, and activations to shrink), is
 skipped. The reason says which rungs did not fit and by how much.
 
+ZeRO-1 is priced as PyTorch runs it, not as the ZeRO paper's stage 1 (the ledger's "ZeRO-1"
+row, ``2P + 2P + 12P/N`` in mixed precision, which section 4.1.7 teaches):
+``memory.zero_redundancy_ledger``, ``4P + 4P + KP/N + A`` (Adam: ``8P + 8P/N + A``). In
+``torch/distributed/optim/zero_redundancy_optimizer.py``, ``_partition_parameters`` assigns whole
+parameter tensors to ranks and ``_init_local_optimizer`` builds the wrapped optimizer on this
+rank's tensors only, so only its state (``K`` bytes per parameter) is divided; ``step`` then runs
+``_sync_params``, which broadcasts ``param.data`` from each owner (``_broadcast_params_from_rank``)
+in the parameter's dtype. PyTorch has no fp32 master copy there, and under ``torch.autocast`` the
+parameters and gradients stay fp32 and whole on every rank. The DDP rung is the ledger's DDP row,
+``16P + A`` with Adam, which is also what DDP under autocast holds (``4P + 4P + 8P``).
+
+Both DDP rungs, DDP and ZeRO-1, assume ``DistributedDataParallel(...,
+gradient_as_bucket_view=True)``: the gradients are views into the reducer's buckets
+(``torch/nn/parallel/distributed.py``, the ``gradient_as_bucket_view`` argument: "the saved memory
+size will be equal to the total gradients size"). With the default ``False``, the buckets are a
+second copy of the gradients, ``4P`` more on both rungs; ``DDP_BUCKET_COPY_BYTES`` is that copy
+per parameter, which ``bucket_copy_bytes`` gives for a job.
+
 Memory is taken at ``phase="step"``: FSDP then also holds the full parameters of the layer it is
 computing (``largest_unit_params``) and of the root unit (``root_unit_params``), and
 SHARD_GRAD_OP every parameter. A GPU is a ``memory.Card``: of an "80 GB" card (80 GiB) PyTorch
@@ -32,6 +50,8 @@ and library workspaces (and the same fraction of the host memory, for the rest o
 Traffic uses ``Psi = comm_bytes``: 2 bytes per parameter in mixed precision, which is what DDP
 sends with a 16-bit compression hook and FSDP with ``reduce_dtype=torch.bfloat16``; with DDP
 under plain autocast and FSDP with ``reduce_dtype=torch.float32``, see ``PRECISION_SETTINGS``.
+ZeRO-1 adds the broadcasts of the parameters, which no hook compresses: fp32,
+``ZERO_BROADCAST_BYTES`` per parameter.
 Inter-node traffic is counted per node under the ring model: a ring over all ranks, ordered by
 node, crosses each node boundary once, and that link carries what one rank sends. HYBRID_SHARD
 runs one ring AllReduce per position in the node (``shard_size`` of them), each over the nodes.
@@ -60,6 +80,12 @@ OFFLOADABLE = ("SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")  # FSDP's CPUOfflo
 # FSDP2 keeps sharded parameters (and gradients) in their original dtype, fp32, and copies
 # them as such (``FSDPParam.all_gather_inputs``; ``foreach_reduce``): bytes per element.
 OFFLOAD_COPY_BYTES = 4
+# ZeroRedundancyOptimizer broadcasts ``param.data`` in the parameter's dtype, fp32 under autocast
+# (``_broadcast_params_from_rank``): bytes per parameter.
+ZERO_BROADCAST_BYTES = memory.ZERO_REDUNDANCY_PARAM_BYTES
+# DDP's reducer copies fp32 gradients into its buckets unless gradient_as_bucket_view=True, which
+# both DDP rungs assume: the copy they leave out, bytes per parameter.
+DDP_BUCKET_COPY_BYTES = 4
 # What a reader sees for each candidate.
 LABELS = {"DDP": "DDP", "ZeRO-1": "ZeRO-1 (ZeroRedundancyOptimizer)",
           "SHARD_GRAD_OP": "FSDP SHARD_GRAD_OP", "FULL_SHARD": "FSDP FULL_SHARD",
@@ -217,15 +243,23 @@ def ladder(job: Job) -> tuple[tuple[str, bool, bool], ...]:
     return tuple(rungs)
 
 
+def bucket_copy_bytes(job: Job) -> float:
+    """What DDP's default ``gradient_as_bucket_view=False`` adds to both DDP rungs (DDP and
+    ZeRO-1) on each GPU: the buckets' fp32 copy of the gradients, which ``price`` leaves out."""
+    return DDP_BUCKET_COPY_BYTES * job.num_params
+
+
 def step_volume(job: Job, strategy: str) -> costs.StepVolume:
-    """Bytes one rank sends per step with ``strategy``. ZeRO-1 is PyTorch's: DDP's AllReduce,
-    then ``ZeroRedundancyOptimizer.step`` broadcasts each rank's updated partition of the
-    parameters (``_broadcast_params_from_rank``), so that every rank receives the (N-1)/N of
-    ``Psi`` it did not update: an AllGather's worth, counted as one before the next forward."""
+    """Bytes one rank sends per step with ``strategy``. ZeRO-1 is PyTorch's: DDP's AllReduce of
+    ``Psi``, then ``ZeroRedundancyOptimizer.step`` broadcasts each rank's updated partition of
+    the parameters (``_broadcast_params_from_rank``: ``param.data``, fp32), so that every rank
+    receives the (N-1)/N of the ``4P`` bytes it did not update: an AllGather's worth of fp32
+    parameters, counted as one before the next forward. ``2(N-1)/N Psi + (N-1)/N 4P``."""
     n, psi = job.world_size, job.comm_bytes
     if strategy == "ZeRO-1":
+        params = ZERO_BROADCAST_BYTES * job.num_params
         return replace(costs.ddp_step_bytes(psi, n),
-                       all_gather_forward=costs.ring_bytes("all_gather", psi, n))
+                       all_gather_forward=costs.ring_bytes("all_gather", params, n))
     hybrid = {"shard_size": job.gpus_per_node} if strategy == "HYBRID_SHARD" else {}
     return costs.fsdp_step_bytes(psi, n, strategy, **hybrid)
 
@@ -251,13 +285,23 @@ def price(job: Job, strategy: str, checkpointing: bool = False, offload: bool = 
     if checkpointing and not job.num_blocks:
         raise ValueError("checkpointing=True cần biết số khối: đặt largest_unit_params > 0 (số "
                          "tham số của một tầng).")
+    if not isinstance(offload, bool):
+        raise ValueError(f"offload phải là True hoặc False, nhận được {offload!r}.")
+    if offload and strategy not in OFFLOADABLE:
+        raise ValueError(f"offload=True chỉ dùng được với các bậc FSDP {OFFLOADABLE} "
+                         f"(CPUOffloadPolicy); PyTorch không có CPU offload cho {strategy}.")
     hybrid = {"shard_size": job.gpus_per_node} if strategy == "HYBRID_SHARD" else {}
-    ledger = memory.vram_ledger(job.num_params, job.world_size, strategy,
-                                precision=job.precision, optimizer=job.optimizer, phase="step",
-                                largest_unit_params=job.largest_unit_params,
-                                root_unit_params=job.root_unit_params,
-                                activation_bytes=job.activation_bytes(checkpointing),
-                                offload=offload, **hybrid)
+    if strategy == "ZeRO-1":  # as PyTorch runs it, not the paper's stage 1 (see the module)
+        ledger = memory.zero_redundancy_ledger(
+            job.num_params, job.world_size, optimizer=job.optimizer,
+            activation_bytes=job.activation_bytes(checkpointing))
+    else:
+        ledger = memory.vram_ledger(job.num_params, job.world_size, strategy,
+                                    precision=job.precision, optimizer=job.optimizer,
+                                    phase="step", largest_unit_params=job.largest_unit_params,
+                                    root_unit_params=job.root_unit_params,
+                                    activation_bytes=job.activation_bytes(checkpointing),
+                                    offload=offload, **hybrid)
     volume = step_volume(job, strategy)
     internode = costs.internode_bytes(volume, strategy, job.nodes, job.gpus_per_node)
     host = ledger.host * job.gpus_per_node

@@ -32,6 +32,20 @@ parameters of the unit being computed (``largest_unit_params``) and those of the
 layer and reshards only after the whole backward. Prefetching the next unit can add one more
 unit: the ledger counts one, a lower bound.
 
+``zero_redundancy_ledger`` is a row apart: ZeRO-1 as PyTorch runs it, DDP with
+``torch.distributed.optim.ZeroRedundancyOptimizer`` (``torch/distributed/optim/
+zero_redundancy_optimizer.py``). ``_partition_parameters`` gives each rank whole parameter
+tensors (largest first, to the rank holding the fewest elements so far) and
+``_init_local_optimizer`` builds the wrapped optimizer on that rank's tensors only, so only the
+optimizer's own state (Adam's m and v, ``K`` bytes per parameter) is divided by N; ``step``
+runs the local step and then ``_sync_params``, which broadcasts every rank's ``param.data`` in
+the parameter's dtype. PyTorch keeps no fp32 master copy: with ``torch.autocast`` the
+parameters and their gradients stay fp32 and whole on every rank. So a rank holds
+``4P + 4P + KP/N`` (Adam: ``8P + 8P/N``), whatever the job's precision, where the paper's
+"ZeRO-1" row, mixed, holds ``2P + 2P + 12P/N``. ``KP/N`` is the even share; whole tensors make
+the heaviest rank hold a little more. Like the DDP row, it does not count DDP's bucket copy of
+the gradients (``4P`` more unless ``DistributedDataParallel(..., gradient_as_bucket_view=True)``).
+
 Activations are not state: they depend on batch size, sequence length and checkpointing, so
 the caller passes them as ``activation_bytes`` (the ledger does not guess them).
 ``checkpointed_activation_bytes`` says what activation checkpointing leaves of them (one
@@ -76,6 +90,9 @@ CHECKPOINT_KEPT_FRACTION = 2 / 34
 _PRECISION_BYTES = {"fp32": (4, 4, 0), "mixed": (2, 2, 4), "mixed_fp32_grads": (2, 4, 4)}
 # fp32 optimizer state per parameter, excluding master weights
 _OPTIMIZER_BYTES = {"adam": 8, "adamw": 8, "sgd": 0, "sgd_momentum": 4}
+# ZeroRedundancyOptimizer: parameters (and so gradients) in their own dtype, fp32, also under
+# autocast; it broadcasts ``param.data`` in that dtype (``_broadcast_params_from_rank``)
+ZERO_REDUNDANCY_PARAM_BYTES = 4
 # which of (params, grads, optimizer) are sharded, for each strategy
 _SHARDED = {
     "DDP": (False, False, False), "NO_SHARD": (False, False, False),
@@ -110,6 +127,26 @@ def bytes_per_param(precision: str = "fp32", optimizer: str = "adam") -> tuple[i
     one_of("optimizer", optimizer, OPTIMIZERS)
     p, g, master = _PRECISION_BYTES[precision]
     return p, g, master + _OPTIMIZER_BYTES[optimizer]
+
+
+def zero_redundancy_bytes(optimizer: str = "adam") -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer-state) bytes for one parameter with
+    ``ZeroRedundancyOptimizer`` as PyTorch runs it: fp32 parameters and gradients (also under
+    ``torch.autocast``), the wrapped optimizer's own state and no master copy."""
+    one_of("optimizer", optimizer, OPTIMIZERS)
+    return ZERO_REDUNDANCY_PARAM_BYTES, ZERO_REDUNDANCY_PARAM_BYTES, _OPTIMIZER_BYTES[optimizer]
+
+
+def zero_redundancy_ledger(num_params: int, world_size: int = 1, *, optimizer: str = "adam",
+                           activation_bytes: float = 0.0) -> Ledger:
+    """Bytes on one rank with DDP and ``ZeroRedundancyOptimizer``: parameters and gradients
+    whole, the optimizer state divided by ``world_size`` (``zero_redundancy_bytes``)."""
+    int_at_least("num_params", num_params)
+    int_at_least("world_size", world_size)
+    non_negative("activation_bytes", activation_bytes)
+    bp, bg, bo = zero_redundancy_bytes(optimizer)
+    return Ledger(params=float(num_params * bp), grads=float(num_params * bg),
+                  optimizer=num_params * bo / world_size, activations=float(activation_bytes))
 
 
 def vram_ledger(num_params: int, world_size: int = 1, strategy: str = "DDP", *,

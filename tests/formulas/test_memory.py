@@ -81,6 +81,32 @@ def test_zero1_shards_only_the_optimizer_state():
                               largest_unit_params=10, root_unit_params=10) == led
 
 
+def test_zero_redundancy_optimizer_as_pytorch_runs_it():
+    # fp32 parameters and gradients, whole on every rank; only the wrapped optimizer's state / N
+    led = memory.zero_redundancy_ledger(10**9, 8, activation_bytes=5)
+    assert (led.params, led.grads, led.optimizer, led.activations) == (4e9, 4e9, 8e9 / 8, 5)
+    assert led.total == 8e9 + 1e9 + 5 and led.host == 0
+    assert memory.zero_redundancy_bytes("adam") == (4, 4, 8) == memory.zero_redundancy_bytes("adamw")
+    assert memory.zero_redundancy_bytes("sgd_momentum") == (4, 4, 4)
+    assert memory.zero_redundancy_bytes("sgd") == (4, 4, 0)
+    assert memory.zero_redundancy_ledger(10**9, 8, optimizer="sgd").optimizer == 0
+    # fp32: the paper's "ZeRO-1" row, which 4.2.7 (I) measures to the byte; mixed: 4P - 4P/N more
+    # than the paper's 2 + 2 + 12/N, since PyTorch has no bf16 copy and no fp32 master copy
+    for p, n in ((16_640, 2), (10**9, 8), (7, 3)):
+        assert memory.zero_redundancy_ledger(p, n) == memory.vram_ledger(p, n, "ZeRO-1")
+        paper = memory.vram_ledger(p, n, "ZeRO-1", precision="mixed")
+        assert memory.zero_redundancy_ledger(p, n).total - paper.total == pytest.approx(4 * p - 4 * p / n)
+    # one rank: nothing divided, DDP's fp32 state
+    assert memory.zero_redundancy_ledger(1000, 1) == memory.vram_ledger(1000, 1, "DDP")
+    # the paper's ZeRO-1 row is unchanged (section 4.1.7 teaches it)
+    assert memory.bytes_per_param("mixed", "adam") == (2, 2, 12)
+    for kwargs, match in ((dict(num_params=0), "num_params"), (dict(world_size=0), "world_size"),
+                          (dict(optimizer="lion"), "optimizer"),
+                          (dict(activation_bytes=-1), "activation_bytes")):
+        with pytest.raises(ValueError, match=match):
+            memory.zero_redundancy_ledger(**({"num_params": 10, "world_size": 2} | kwargs))
+
+
 @pytest.mark.parametrize("kwargs", [
     dict(root_unit_params=-1), dict(largest_unit_params=600, root_unit_params=600),
     dict(root_unit_params=1.5),

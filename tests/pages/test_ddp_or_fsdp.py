@@ -41,28 +41,63 @@ def test_small_model_gets_ddp():
 
 def test_7b_on_one_node_climbs_to_the_first_rung_that_fits():
     rec = ddp_or_fsdp.recommend(_llm("llama-7b", 1))
-    assert rec.choice == "ZeRO-1"  # the first in-node rung, 4P + 12P/8 + 20 GB = 57.1 GB
+    # ZeRO-1 as PyTorch runs it, 8P + 8P/8 + 20 GB = 80.6 GB > 76.2 GB: SHARD_GRAD_OP, 45.3 GB
+    assert rec.choice == "SHARD_GRAD_OP"
     p = rec.job.num_params
     assert rec.options["DDP"].memory_bytes == 16 * p + 20 * GB and not rec.options["DDP"].fits
-    assert rec.options["ZeRO-1"].memory_bytes == 4 * p + 12 * p / 8 + 20 * GB
+    z1 = rec.options["ZeRO-1"]
+    assert z1.memory_bytes == 4 * p + 4 * p + 8 * p / 8 + 20 * GB and not z1.fits
+    assert round(z1.memory_bytes / GB, 1) == 80.6 and rec.job.gpu.usable_bytes > z1.memory_bytes
+    # the paper's stage 1 (the ledger's "ZeRO-1" row) would have fitted: 2P + 2P + 12P/8 + A
+    paper = memory.vram_ledger(p, 8, "ZeRO-1", precision="mixed", activation_bytes=20 * GB)
+    assert round(paper.total / GB, 1) == 57.1 and paper.total <= rec.job.capacity_bytes
     assert rec.options["SHARD_GRAD_OP"].memory_bytes == 2 * p + 14 * p / 8 + 20 * GB
     led = memory.vram_ledger(p, 8, "FULL_SHARD", precision="mixed", phase="step",
                              largest_unit_params=rec.job.largest_unit_params,
                              root_unit_params=rec.job.root_unit_params)
     assert rec.options["FULL_SHARD"].memory_bytes == led.state + 20 * GB
     assert rec.options["FULL_SHARD"].sent_bytes == 3 * 7 / 8 * 2 * p  # bf16: Psi = 2P
-    # ZeroRedundancyOptimizer: DDP's AllReduce plus an AllGather's worth of broadcasts
-    assert rec.options["ZeRO-1"].sent_bytes == rec.options["FULL_SHARD"].sent_bytes
+    # ZeroRedundancyOptimizer: DDP's AllReduce of Psi plus an AllGather's worth of fp32 broadcasts
+    assert z1.sent_bytes == 2 * 7 / 8 * 2 * p + 7 / 8 * 4 * p == 2 * rec.options["DDP"].sent_bytes
     assert rec.options["SHARD_GRAD_OP"].sent_bytes == rec.options["DDP"].sent_bytes
-    assert "ZeRO-1" in rec.reason and "57,1 GB" in rec.reason
+    assert "ZeRO-1 cần 80,6 GB (thiếu 4,5 GB)" in rec.reason
+    assert "SHARD_GRAD_OP trên 8 GPU còn 45,3 GB" in rec.reason
+    # with DDP's default gradient_as_bucket_view=False both DDP rungs hold 4P more
+    assert ddp_or_fsdp.bucket_copy_bytes(rec.job) == 4 * p
+
+
+def test_zero1_is_priced_as_pytorch_runs_it_whatever_the_precision():
+    p, n = 10**9, 8
+    for precision in memory.PRECISIONS:
+        for opt, k in (("adam", 8), ("adamw", 8), ("sgd_momentum", 4), ("sgd", 0)):
+            job = ddp_or_fsdp.Job(p, H100, n, 1, precision, opt, activation_gb=1)
+            z1 = ddp_or_fsdp.price(job, "ZeRO-1")
+            assert z1.memory_bytes == 4 * p + 4 * p + k * p / n + GB, (precision, opt)
+            psi = job.comm_bytes
+            assert z1.sent_bytes == 2 * (n - 1) / n * psi + (n - 1) / n * 4 * p
+    # in fp32 the paper's row and PyTorch's agree; in mixed precision they do not
+    fp32 = ddp_or_fsdp.Job(p, H100, n, 1, "fp32", "adam")
+    assert ddp_or_fsdp.price(fp32, "ZeRO-1").memory_bytes == memory.vram_ledger(p, n, "ZeRO-1").total
+    assert ddp_or_fsdp.price(fp32, "ZeRO-1").sent_bytes == 3 * (n - 1) / n * fp32.comm_bytes
+    mixed = ddp_or_fsdp.Job(p, H100, n, 1, "mixed", "adam")
+    paper = memory.vram_ledger(p, n, "ZeRO-1", precision="mixed")
+    assert ddp_or_fsdp.price(mixed, "ZeRO-1").memory_bytes - paper.total == 4 * p - 4 * p / n
+    # the DDP rung: the ledger's 2 + 2 + 12 equals autocast's 4 + 4 + 8
+    assert ddp_or_fsdp.price(mixed, "DDP").memory_bytes == 16 * p == (4 + 4 + 8) * p
+    # on one GPU the optimizer state is not divided: ZeRO-1 holds what DDP holds
+    one = ddp_or_fsdp.Job(p, H100, 1, 1, "mixed", "adam")
+    assert ddp_or_fsdp.price(one, "ZeRO-1").memory_bytes == ddp_or_fsdp.price(one, "DDP").memory_bytes
+    assert ddp_or_fsdp.price(one, "ZeRO-1").sent_bytes == 0
 
 
 def test_the_in_node_rungs_are_tried_in_order():
-    p = 10**9  # Adam, mixed: DDP 16 GB, ZeRO-1 4 + 12/8 = 5.5, SHARD_GRAD_OP 2 + 14/8 = 3.75
+    p = 10**9  # Adam, mixed: DDP 16 GB, ZeRO-1 4 + 4 + 8/8 = 9, SHARD_GRAD_OP 2 + 14/8 = 3.75
     def choice(gpu_gb, **kw):
         return ddp_or_fsdp.recommend(ddp_or_fsdp.Job(p, _card(gpu_gb), 8, 1, headroom=0, **kw))
     assert choice(16).choice == "DDP"
-    assert choice(5.5).choice == "ZeRO-1"
+    assert choice(15.999).choice == "ZeRO-1"
+    assert choice(9).choice == "ZeRO-1"
+    assert choice(8.999).choice == "SHARD_GRAD_OP"  # the paper's 5.5 GB would still be ZeRO-1
     assert choice(5).choice == "SHARD_GRAD_OP"
     assert choice(3).choice == "FULL_SHARD"  # 2 GB
     # no layer unit given: the blocks are unknown, so no checkpointing tier; offload comes next
@@ -124,7 +159,7 @@ def test_every_rung_is_reached_by_a_job_that_needs_it_and_the_boundaries_are_exa
     a, a_ckpt = 20 * GB, memory.checkpointed_activation_bytes(20 * GB, 10)
     assert a_ckpt == 20 * GB * (2 / 34 + 1 / 10)
     assert ledger[("FULL_SHARD", False, False)] == 2 * GB + 2 * 10**8 * 7 / 8 + a
-    assert ledger[("ZeRO-1", True, False)] == 4 * GB + 12 * GB / 8 + a_ckpt
+    assert ledger[("ZeRO-1", True, False)] == 8 * GB + 8 * GB / 8 + a_ckpt
     assert ledger[("SHARD_GRAD_OP", True, True)] == 2 * GB + a_ckpt  # every parameter gathered
     assert ledger[("FULL_SHARD", True, True)] == 2 * 10**8 + a_ckpt  # one layer gathered
     needs = [ledger[r] for r in CLIMB]
@@ -275,7 +310,8 @@ def test_tables_list_every_option_and_escape_names():
         ddp_or_fsdp.Job(25_557_032, A100, precision="fp32", optimizer="sgd_momentum")))
     for text in ("12P/N + gốc và một khối đầy đủ + activation", "8P + 4P/N", "4P + 8P/N"):
         assert text in resnet
-    for text in ("16P/S + gốc và một khối đầy đủ + activation", "4P + 12P/N", "ZeroRedundancyOptimizer", "Độ phức tạp mã nguồn", "Quy mô phù hợp", "3(N−1)/N · Ψ", "FSDP HYBRID_SHARD",
+    for text in ("16P/S + gốc và một khối đầy đủ + activation", "8P + 8P/N",
+                 "2(N−1)/N · Ψ + (N−1)/N · 4P", "gradient_as_bucket_view=True", "ZeroRedundancyOptimizer", "Độ phức tạp mã nguồn", "Quy mô phù hợp", "3(N−1)/N · Ψ", "FSDP HYBRID_SHARD",
                  "Lượng ra khỏi mỗi node"):
         assert text in crit
     table = ddp_or_fsdp.decision_html(recs + [ddp_or_fsdp.recommend(ddp_or_fsdp.Job(10, _card(1), name="<x>"))])
@@ -322,6 +358,10 @@ def test_compare_run_matches_the_table():
         assert [x.nbytes for x in z1["records"] if x.collective == "all_reduce"] == [4 * p]
         assert sum(x.nbytes for x in z1["records"] if x.collective == "broadcast") == 4 * p
         assert z1["state"].params == z1["state"].grads == 4 * p and z1["state"].optimizer < 8 * p
+        # the rung's price: the measured parameters and gradients, the even share of Adam's state
+        zrow = rec.options["ZeRO-1"]
+        assert zrow.memory_bytes == z1["state"].params + z1["state"].grads + 8 * p / 2
+        assert zrow.sent_bytes == 2 * (2 - 1) / 2 * 4 * p + (2 - 1) / 2 * 4 * p
         # an optimizer built before fully_shard updates nothing and keeps the full originals
         before, after = r["optimizer_order"]["before"], r["optimizer_order"]["after"]
         assert not before["changed"] and before["with_grad"] == 0 and before["optimizer_bytes"] == 4 * p

@@ -34,6 +34,9 @@ def test_the_data_is_the_librarys():
     assert d["decision"]["labels"] == decision.LABELS
     assert d["decision"]["tiers"] == [[False, False], [True, False], [False, True], [True, True]]
     assert d["memory"]["offload_strategies"] == list(memory.OFFLOAD_STRATEGIES)
+    assert d["memory"]["zero_redundancy_bytes"] == {"adam": [4, 4, 8], "adamw": [4, 4, 8],
+                                                    "sgd": [4, 4, 0], "sgd_momentum": [4, 4, 4]}
+    assert d["decision"]["zero_broadcast_bytes"] == decision.ZERO_BROADCAST_BYTES == 4
     assert d["memory"]["kept_fraction"] == memory.CHECKPOINT_KEPT_FRACTION == 2 / 34
 
 
@@ -49,6 +52,9 @@ def test_the_twins_return_the_library_results():
     assert rec["choice"] == "HYBRID_SHARD" and "HSDP" in rec["reason"]
     assert rec["label"] == "FSDP HYBRID_SHARD" and not rec["checkpointing"] and not rec["offload"]
     assert [o["label"] for o in rec["ladder"]][:3] == ["DDP", "FSDP HYBRID_SHARD", "FSDP FULL_SHARD"]
+    one = calculator.model.recommend({"preset": "llama-7b", "gpu": "H100 80GB", "activation_gb": 20})
+    assert one["choice"] == "SHARD_GRAD_OP" and not one["options"]["ZeRO-1"]["fits"]
+    assert one["options"]["ZeRO-1"]["memory_bytes"] == 9 * p.num_params + 20e9  # 8P + 8P/8 + A
     big = calculator.model.recommend({"preset": "llama-70b", "gpu": "H100 80GB", "activation_gb": 20})
     assert big["choice"] == "FULL_SHARD" and big["offload"] and big["label"].endswith("CPU offload")
     assert calculator.model.step_bytes({"param_bytes": 8, "strategy": "DDP", "nodes": 1,

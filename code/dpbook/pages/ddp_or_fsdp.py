@@ -13,13 +13,14 @@ from dataclasses import replace
 from .. import costs, memory, vi
 from ..checks import int_at_least, one_of
 from ..decision import (ACROSS_NODES, CANDIDATES, IN_NODE, LABELS, LADDER, NOTHING_FITS,
-                        OFFLOADABLE, TIERS, Job, Option, Recommendation, gb_text, ladder,
-                        pcie_bytes, price, recommend, step_volume)
+                        OFFLOADABLE, TIERS, Job, Option, Recommendation, bucket_copy_bytes,
+                        gb_text, ladder, pcie_bytes, price, recommend, step_volume)
 from ..style import GB
 
 __all__ = ["ACROSS_NODES", "CANDIDATES", "IN_NODE", "LABELS", "LADDER", "NOTHING_FITS",
            "OFFLOADABLE", "TIERS", "Job", "Option", "Recommendation", "gb_text", "ladder",
-           "pcie_bytes", "price", "recommend", "step_volume", "resnet50_num_params",
+           "pcie_bytes", "price", "recommend", "step_volume", "bucket_copy_bytes",
+           "resnet50_num_params",
            "wrap_facts", "compare_run", "criteria_html", "decision_html", "ladder_html",
            "memory_figure", "PRECISION_SETTINGS", "precision_bytes", "compress_hook",
            "precision_run", "zero1_run", "optimizer_order"]
@@ -82,16 +83,20 @@ def compare_run(rank: int, world_size: int, parallels=None) -> dict:
 
 # --- what the page shows: tables (HTML, so they render in the static book) and a figure
 
-_FORMULAS = {  # memory: p, g, o bytes per parameter of parameters, gradients, optimizer state
-    "memory": {"DDP": "{k}P", "ZeRO-1": "{pg}P + {o}P/N", "SHARD_GRAD_OP": "{p}P + {go}P/N",
+_FORMULAS = {  # memory: p, g, o bytes per parameter of parameters, gradients, optimizer state;
+    # ZeRO-1 as PyTorch runs it: zpg fp32 parameters and gradients, zo the optimizer's own state
+    "memory": {"DDP": "{k}P", "ZeRO-1": "{zpg}P + {zo}P/N", "SHARD_GRAD_OP": "{p}P + {go}P/N",
                "FULL_SHARD": "{k}P/N + gốc và một khối đầy đủ",
                "HYBRID_SHARD": "{k}P/S + gốc và một khối đầy đủ"},
-    "sent": {"DDP": "2(N−1)/N · Ψ", "ZeRO-1": "3(N−1)/N · Ψ (AllReduce, rồi Broadcast tham số)",
+    "sent": {"DDP": "2(N−1)/N · Ψ",
+             "ZeRO-1": "2(N−1)/N · Ψ + (N−1)/N · 4P (AllReduce, rồi Broadcast tham số fp32)",
              "SHARD_GRAD_OP": "2(N−1)/N · Ψ", "FULL_SHARD": "3(N−1)/N · Ψ",
              "HYBRID_SHARD": "3(S−1)/S · Ψ + 2(R−1)/R · Ψ/S"},
-    "code": {"DDP": "thấp: bọc DDP(model), DistributedSampler, rank 0 lưu state_dict",
-             "ZeRO-1": "thấp: giữ DDP, thay bộ tối ưu bằng ZeroRedundancyOptimizer; gom trạng "
-                       "thái bằng consolidate_state_dict trước khi lưu",
+    "code": {"DDP": "thấp: bọc DDP(model, gradient_as_bucket_view=True), DistributedSampler, "
+                    "rank 0 lưu state_dict",
+             "ZeRO-1": "thấp: giữ DDP (gradient_as_bucket_view=True), thay bộ tối ưu bằng "
+                       "ZeroRedundancyOptimizer; gom trạng thái bằng consolidate_state_dict "
+                       "trước khi lưu",
              "SHARD_GRAD_OP": "như FULL_SHARD, với reshard_after_forward=False",
              "FULL_SHARD": "cao hơn: fully_shard từng khối rồi gốc, tạo optimizer sau khi bọc, "
                            "MixedPrecisionPolicy, lưu bằng DCP trên mọi rank",
@@ -120,7 +125,8 @@ def criteria_html(rec: Recommendation) -> str:
 
     names = list(rec.options)
     p, g, o = memory.bytes_per_param(rec.job.precision, rec.job.optimizer)
-    sizes = {"k": p + g + o, "pg": p + g, "o": o, "p": p, "go": g + o}
+    zp, zg, zo = memory.zero_redundancy_bytes(rec.job.optimizer)
+    sizes = {"k": p + g + o, "p": p, "go": g + o, "zpg": zp + zg, "zo": zo}
     rows = [["Bộ nhớ mỗi GPU (trạng thái + activation)"]
             + [f"{_FORMULAS['memory'][c].format(**sizes)} + activation: "
                f"{gb(rec.options[c].memory_bytes)}" for c in names],

@@ -173,6 +173,14 @@
     led.total = led.state + led.activations;
     return led;
   }
+  function zeroRedundancyLedger(P, N, optimizer, act) {  // memory.zero_redundancy_ledger
+    oneOf("optimizer", optimizer, M.optimizers);
+    var b = M.zero_redundancy_bytes[optimizer];
+    var led = {params: P * b[0], grads: P * b[1], optimizer: P * b[2] / N, activations: act, host: 0};
+    led.state = led.params + led.grads + led.optimizer;
+    led.total = led.state + led.activations;
+    return led;
+  }
   function ledger(inputs) {
     return guard(function () {
       var led = vramLedger(applyPreset(inputs, ["largest_unit_params", "root_unit_params"]));
@@ -339,9 +347,9 @@
   }
   function stepVolume(job, strategy) {
     var n = job.world_size, psi = job.comm_bytes;
-    if (strategy === "ZeRO-1") {
+    if (strategy === "ZeRO-1") {  // DDP's AllReduce of Psi, then the fp32 parameters broadcast
       var v = ddpStepBytes(psi, n);
-      return volume(ringBytes("all_gather", psi, n), 0, 0, v.all_reduce);
+      return volume(ringBytes("all_gather", D.zero_broadcast_bytes * job.num_params, n), 0, 0, v.all_reduce);
     }
     return fsdpStepBytes(psi, n, strategy, 0, strategy === "HYBRID_SHARD" ? job.gpus_per_node : null);
   }
@@ -353,12 +361,14 @@
   function price(job, strategy, ckpt, off) {
     oneOf("strategy", strategy, D.candidates);
     if (strategy === "HYBRID_SHARD" && job.nodes < 2) { fail("HYBRID_SHARD cần ít nhất 2 node (nodes >= 2)."); }
-    var led = vramLedger({num_params: job.num_params, world_size: job.world_size, strategy: strategy,
-                          precision: job.precision, optimizer: job.optimizer, phase: "step",
-                          largest_unit_params: job.largest_unit_params,
-                          root_unit_params: job.root_unit_params,
-                          activation_bytes: activationBytes(job, ckpt), offload: off,
-                          shard_size: strategy === "HYBRID_SHARD" ? job.gpus_per_node : null});
+    var led = strategy === "ZeRO-1" ?  // as PyTorch runs it (dpbook.decision)
+      zeroRedundancyLedger(job.num_params, job.world_size, job.optimizer, activationBytes(job, ckpt)) :
+      vramLedger({num_params: job.num_params, world_size: job.world_size, strategy: strategy,
+                  precision: job.precision, optimizer: job.optimizer, phase: "step",
+                  largest_unit_params: job.largest_unit_params,
+                  root_unit_params: job.root_unit_params,
+                  activation_bytes: activationBytes(job, ckpt), offload: off,
+                  shard_size: strategy === "HYBRID_SHARD" ? job.gpus_per_node : null});
     var v = stepVolume(job, strategy), host = led.host * job.gpus_per_node;
     return {strategy: strategy, memory_bytes: led.total, sent_bytes: v.total,
             internode_bytes: internodeBytes(v, strategy, job.nodes, job.gpus_per_node),

@@ -32,6 +32,8 @@ def data() -> dict:
                    "bytes_per_param": {p: {o: list(memory.bytes_per_param(p, o))
                                            for o in memory.OPTIMIZERS}
                                        for p in memory.PRECISIONS},
+                   "zero_redundancy_bytes": {o: list(memory.zero_redundancy_bytes(o))
+                                             for o in memory.OPTIMIZERS},
                    "sharded": sharded, "offload_strategies": list(memory.OFFLOAD_STRATEGIES),
                    "kept_fraction": memory.CHECKPOINT_KEPT_FRACTION},
         "costs": {"strategies": list(costs.STRATEGIES)},
@@ -40,6 +42,7 @@ def data() -> dict:
                      "tiers": [list(t) for t in decision.TIERS],
                      "offloadable": list(decision.OFFLOADABLE),
                      "offload_copy_bytes": decision.OFFLOAD_COPY_BYTES,
+                     "zero_broadcast_bytes": decision.ZERO_BROADCAST_BYTES,
                      "labels": dict(decision.LABELS), "nothing_fits": decision.NOTHING_FITS},
     }
 
