@@ -51,11 +51,45 @@ def test_post_forward_size_follows_fully_shard():
     assert "mesh_info.mesh.mesh.view(-1, reshard_after_forward)" in src
 
 
-def test_post_forward_bytes_between_forward_and_backward():
+def test_post_forward_bytes_keep_the_1_over_n_shard_too():
     full = 4 * 2788  # the whole MLP, fp32
     assert modern_fsdp.post_forward_bytes(full, 4, True) == 2788
-    assert modern_fsdp.post_forward_bytes(full, 4, 2) == 5576
-    assert modern_fsdp.post_forward_bytes(full, 4, False) == full
+    assert modern_fsdp.post_forward_bytes(full, 4, 2) == 2788 + 5576  # 1/4 shard + new 1/2 shard
+    assert modern_fsdp.post_forward_bytes(full, 4, False) == full + 2788
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+    src = inspect.getsource(FSDPParam.to_sharded_post_forward)
+    assert ").clone()  # clone to be able to free all-gather output" in src
+    assert "free_storage(self._sharded_param_data" not in inspect.getsource(FSDPParam)
+
+
+def test_accepted_int_sizes_are_torchs():
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from torch.distributed.fsdp._fully_shard import _fsdp_init
+
+    for n in (4, 12, 64):
+        info = SimpleNamespace(shard_mesh_size=n,
+                               mesh=SimpleNamespace(mesh=torch.arange(n), device_type="cpu"))
+        smaller = []
+        with mock.patch.object(_fsdp_init, "DeviceMesh", lambda device_type, t: t), \
+                mock.patch.object(_fsdp_init, "HSDPMeshInfo", lambda m, **kw: m):
+            for k in range(1, n + 1):
+                try:
+                    got = _fsdp_init._get_post_forward_mesh_info(k, info)
+                except ValueError:
+                    with pytest.raises(ValueError):
+                        modern_fsdp.post_forward_size(k, n)
+                    continue
+                ours = modern_fsdp.post_forward_size(k, n)
+                if isinstance(got, torch.Tensor):
+                    smaller.append(k)
+                    assert ours == k and tuple(got.shape) == (n // k, k)
+                else:
+                    assert ours is (got is info)
+        assert smaller == modern_fsdp.accepted_int_sizes(n)
+    assert modern_fsdp.accepted_int_sizes(64) == [2, 4, 8, 16, 32]
+    assert modern_fsdp.accepted_int_sizes(2) == []
 
 
 def test_activation_bytes_of_the_bucket_net():

@@ -546,7 +546,9 @@ def analyse_dumps(dumps, folder: str, prefix: str = "fr_rank_") -> str:
 def flight_recorder_env(prefix: str, buffer_size: int = 2000) -> dict[str, str]:
     """What to export before a job for the NCCL flight recorder: a ring of ``buffer_size``
     entries, a dump when the watchdog sees a timeout (which ``ProcessGroupNCCL.hpp`` says needs
-    the monitoring thread too), written to ``<prefix><rank>``."""
+    the monitoring thread too), written to ``<prefix><rank>``. The prefix goes in the old
+    name ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, which ``DebugInfoWriter::getWriter``
+    (``FlightRecorder.cpp``) still reads after the new ``TORCH_FR_DUMP_TEMP_FILE``."""
     int_at_least("buffer_size", buffer_size)
     if not isinstance(prefix, str) or not prefix:
         raise ValueError(f"prefix phải là đường dẫn (chuỗi khác rỗng), nhận được {prefix!r}.")

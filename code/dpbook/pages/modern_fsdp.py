@@ -7,13 +7,15 @@ Rank functions for ``launch.spawn`` and the formulas the page checks them agains
   prefetch of 1 and 2 units (``lifecycle.set_prefetch``), and the bytes this rank holds when each
   Block starts computing (``MemoryProbe``); ``prefetched_bytes`` is what explicit prefetch adds.
 * ``reshard_to_smaller_group`` (4 ranks): ``reshard_after_forward=2``, ZeRO++ hpZ's idea;
-  ``post_forward_size`` is torch's rule for the int and ``post_forward_bytes`` what a rank keeps.
+  ``post_forward_size`` is torch's rule for the int, ``accepted_int_sizes`` the ints it accepts,
+  ``post_forward_bytes`` what a rank keeps (its 1/N shard too) and ``held_param_bytes`` counts it.
 * ``offload_runs``: ``CPUOffloadPolicy`` against no offload: where the shards live, the bytes.
 * ``recompute_runs``: activation checkpointing (``apply_activation_checkpointing``) on the
   bucket model under FSDP2; ``checkpoint_demo`` is ``torch.utils.checkpoint.checkpoint`` by hand
   in one process; ``activation_bytes`` and ``recompute_flops`` are the formulas.
 * ``compile_runs``: ``torch.compile`` of DDP (DDPOptimizer splits the graph at bucket boundaries,
-  ``ddp_optimizer_buckets`` is its rule) and of FSDP2 block by block.
+  ``ddp_optimizer_buckets`` is its rule) and of FSDP2 block by block; ``inductor_compile``: one
+  Block compiled by inductor in one process, for its compile time and step time on this CPU.
 * ``tour``: every 2-rank run above in one launch.
 """
 
@@ -83,9 +85,22 @@ def post_forward_size(reshard_after_forward, shard_size: int):
 
 
 def post_forward_bytes(param_bytes: int, shard_size: int, reshard_after_forward) -> float:
-    """Parameter bytes a rank keeps for a unit between forward and backward."""
+    """Parameter bytes a rank keeps for a unit between forward and backward. The ``1/N`` shard
+    (``FSDPParam._sharded_param_data``, the one the optimizer updates) is never freed; on top of
+    it, an int ``k`` keeps a new ``1/k`` shard (``FSDPParam.to_sharded_post_forward`` clones it
+    out of the AllGather output) and ``False`` the full unsharded parameters."""
     size = post_forward_size(reshard_after_forward, shard_size)
-    return param_bytes / (shard_size if size is True else 1 if size is False else size)
+    primary = param_bytes / shard_size
+    return primary + (0 if size is True else param_bytes if size is False else param_bytes / size)
+
+
+def accepted_int_sizes(shard_size: int) -> list[int]:
+    """The ints ``k`` that ``reshard_after_forward=k`` turns into a smaller reshard group on a
+    shard group of ``shard_size`` ranks (``post_forward_size`` gives an int back): the
+    divisors other than 1 (``False``) and ``shard_size`` (``True``)."""
+    int_at_least("shard_size", shard_size)
+    return [k for k in range(1, shard_size + 1) if shard_size % k == 0
+            and not isinstance(post_forward_size(k, shard_size), bool)]
 
 
 def activation_bytes(batch_size: int, d_in: int = 32, d: int = 64, hidden=(128, 256, 512),
@@ -230,10 +245,28 @@ def prefetch_runs(rank: int, world_size: int, depths=PREFETCH) -> dict:
             "memory": {k: held_at_compute(rank, world_size, k) for k in depths}}
 
 
-def reshard_to_smaller_group(rank: int, world_size: int, sizes=(True, 2)) -> dict:
-    """One step of FULL_SHARD FSDP2 per ``reshard_after_forward`` in ``sizes``: every
-    collective (kind, pass, bytes, group) and the parameter bytes this rank holds between
-    forward and backward, and at rest."""
+def held_param_bytes(model) -> int:
+    """Bytes of parameter storage this rank holds for a FSDP2 model: the distinct storages of
+    the registered parameters' local tensors and of every ``FSDPParam._sharded_param_data``
+    (the ``1/N`` shard, which is not a registered parameter while the unit is unsharded or
+    resharded to a smaller group). Each storage is counted once."""
+    from torch.distributed.fsdp import FSDPModule
+
+    tensors = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            group = module._get_fsdp_state()._fsdp_param_group
+            tensors += [fp._sharded_param_data for fp in (group.fsdp_params if group else [])]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors
+                if t.untyped_storage().nbytes() > 0}
+    return sum(storages.values())
+
+
+def reshard_to_smaller_group(rank: int, world_size: int, sizes=(True, 2, False)) -> dict:
+    """One step of FSDP2 (every unit, root included, given the same ``reshard_after_forward``)
+    per value in ``sizes``: every collective (kind, pass, bytes, group); between forward and
+    backward, the bytes of the registered parameters (``registered``) and of all parameter
+    storage the rank holds (``between``, ``held_param_bytes``); the same at rest (``rest``)."""
     out = {}
     for raf in sizes:
         model = build_mlp(depth=DEPTH)
@@ -243,12 +276,13 @@ def reshard_to_smaller_group(rank: int, world_size: int, sizes=(True, 2)) -> dic
         train_step(model, opt, x, y)
         with CommLog() as log:
             loss = torch.nn.functional.mse_loss(model(x), y)
-            between = sum(local_bytes(p) for p in model.parameters())
+            registered = sum(local_bytes(p) for p in model.parameters())
+            between = held_param_bytes(model)
             loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        out[raf] = {"records": log.records, "between": between,
-                    "rest": sum(local_bytes(p) for p in model.parameters())}
+        out[raf] = {"records": log.records, "registered": registered, "between": between,
+                    "rest": held_param_bytes(model)}
     return out
 
 
@@ -442,6 +476,45 @@ def compile_fsdp2(rank: int, world_size: int, backend: str = COMPILE_BACKEND) ->
                      "weights": [p.full_tensor().cpu() for p in model.parameters()]}
     out["backend"] = backend
     return out
+
+
+def inductor_compile(repeats: int = 20) -> dict:
+    """One process: a Block of ``FSDP_COMPILE_MODEL`` compiled by inductor (``torch.compile``'s
+    default backend: C++ kernels built with the system's compiler), forward and backward. The
+    first call's time (Dynamo, AOTAutograd, inductor's code generation and the C++ build, unless
+    inductor's disk cache already holds the same graphs: ``cache_hits`` says), the median step
+    of ``repeats`` eager and compiled, and the largest difference in outputs and gradients."""
+    int_at_least("repeats", repeats, 1)
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    block = build_mlp(**FSDP_COMPILE_MODEL).blocks[1]
+    x = torch.randn(BATCH, FSDP_COMPILE_MODEL["hidden"], generator=torch.Generator().manual_seed(0))
+
+    def step(fn):
+        block.zero_grad()
+        y = fn(x.requires_grad_())
+        y.sum().backward()
+        return [y.detach(), *(p.grad.clone() for p in block.parameters())]
+
+    cpu = torch.device("cpu")
+    # one compile worker: on 2 cores a pool of them only competes with the compiler itself
+    with inductor_config.patch(compile_threads=1):
+        compiled = torch.compile(block)
+        t0 = time.perf_counter()
+        got = step(compiled)
+        first = time.perf_counter() - t0
+        want = step(block)
+        times = {name: sorted(time_steps(lambda: step(fn), repeats=repeats, dev=cpu))
+                 for name, fn in (("eager", block), ("compiled", compiled))}
+    return {"first_s": first, "eager_s": times["eager"][repeats // 2],
+            "compiled_s": times["compiled"][repeats // 2],
+            "max_diff": max((a - b).abs().max().item() for a, b in zip(got, want)),
+            "cache_hits": counters["inductor"]["fxgraph_cache_hit"],
+            "graphs": counters["stats"]["unique_graphs"]}
 
 
 def compile_runs(rank: int, world_size: int) -> dict:
