@@ -160,6 +160,10 @@ def test_make_pdf_prints_the_book(built, root, tmp_path):
     assert "bộ nhớ đỉnh" in full.lower()
     for tex in ("\\frac", "\\begin{", "$$", "\\mathrm", "\\Psi"):
         assert tex not in full, f"công thức chưa được MathJax dựng: {tex}"
-    assert "Reduce-scatter, bước 2/3" in full  # a frame the screen hides at first
-    assert "Lời giải cho" in full and "Lời giải cho" not in student
+    # a frame the screen hides at first. Spaces aside: in the players' font Chromium places a
+    # syllable's stacked marks as glyphs of their own, and the text read back splits it ("b ướ c")
+    assert "Reduce-scatter,bước2/3" in full.replace(" ", "")
+    # sphinx-exercise's title of a solution (the prose may say "lời giải cho" too)
+    solution = re.compile(r"Lời giải cho Bài tập \d+")
+    assert len(solution.findall(full)) >= 5 and not solution.findall(student)
     assert student.count("Bài tập") >= 5 and full.count("Bài tập") >= student.count("Bài tập")
