@@ -143,18 +143,33 @@ def _code_cell(notebook: str, marker: str) -> str:
     return source
 
 
-def test_benchmark_checks_accept_one_gpu_per_rank():
-    n, base = 2, (1e3, 1e5, 1e7, 1e8, 1e9)
+def _nccl_bench_runs(devices, seconds=(1e-6, 2e-6, 3e-6, 4e-6, 5e-6)):
+    """Per-rank results shaped as an NCCL run returns them, one device per rank."""
+    n, base = len(devices), (1e3, 1e5, 1e7, 1e8, 1e9)
     sizes = bench.round_sizes(base, n)
-    rows = {name: [bench.BenchRow(s, 1e-6 * (k + 1), n, name) for k, s in enumerate(sizes)]
+    rows = {name: [bench.BenchRow(s, t, n, name) for s, t in zip(sizes, seconds)]
             for name in ("all_reduce", "all_gather", "reduce_scatter")}
     copy = bench.CopyRow(max(sizes), 1e-3, "cuda:0")  # timed on rank 0, broadcast to all
-    runs = [{"backend": "nccl", "device": f"cuda:{r}", "itemsize": 4, "rows": rows, "copy": copy}
-            for r in range(n)]
-    namespace = {"bench_runs": runs, "res": runs[0], "copy": copy, "SIZES": sizes, "base": base,
-                 "N": n, "MB": 1e6, "mode": launch.Plan("nccl", "cuda", n, n), "math": math,
-                 "costs": costs}
-    exec(_code_cell("book/ch04/p2/01-giao-tiep.ipynb", "hai biểu đồ trùng nhau"), namespace)
+    runs = [{"backend": "nccl", "device": d, "itemsize": 4, "rows": rows, "copy": copy}
+            for d in devices]
+    return {"bench_runs": runs, "res": runs[0], "copy": copy, "SIZES": sizes, "base": base,
+            "N": n, "MB": 1e6, "mode": launch.Plan("nccl", "cuda", n, n), "math": math,
+            "costs": costs}
+
+
+def test_benchmark_checks_accept_one_gpu_per_rank_and_nothing_else():
+    cell = _code_cell("book/ch04/p2/01-giao-tiep.ipynb", "hai biểu đồ trùng nhau")
+    exec(cell, _nccl_bench_runs(["cuda:0", "cuda:1"]))  # one GPU per rank: accepted
+    # the same checks catch the GPU path's mistakes: both ranks on one GPU, a rank left on the
+    # CPU under NCCL, and ranks that disagree on the timings they all should have reduced
+    for bad in (_nccl_bench_runs(["cuda:0", "cuda:0"]), _nccl_bench_runs(["cuda:0", "cpu"])):
+        with pytest.raises(AssertionError):
+            exec(cell, bad)
+    ns = _nccl_bench_runs(["cuda:0", "cuda:1"])
+    other = _nccl_bench_runs(["cuda:0", "cuda:1"], seconds=(2e-6, 2e-6, 3e-6, 4e-6, 5e-6))
+    ns["bench_runs"][1] = other["bench_runs"][1]
+    with pytest.raises(AssertionError):
+        exec(cell, ns)
 
 
 # ------------------------------------------------------------- 5. bf16 only where it is native
