@@ -94,3 +94,17 @@ def test_nbval_fills_the_cache_and_a_package_change_reruns_the_book(tmp_path):
 
     html, log = _build(root)  # nothing changed: nothing runs again
     assert "GIA TRI hai" in html and "Executing notebook" not in log
+
+
+def test_a_failed_notebook_is_named_with_its_cell_s_error_when_the_book_is_built(tmp_path):
+    root = _project(tmp_path, "một")
+    (root / "mymod.py").write_text("VALUE = 'một'\nassert VALUE == 'hai', 'giá trị sai: một'\n")
+    jb = pathlib.Path(sys.executable).with_name("jupyter-book")
+    proc = subprocess.run([str(jb), "build", str(root), "-W", "--keep-going"],
+                          capture_output=True, text=True, timeout=300, env=_env(root))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    # the downloads step names the notebook, the failing cell's error and the full report
+    assert "1 notebook không chạy trọn khi dựng sách" in out
+    assert "- trang.ipynb: ô mã lỗi:" in out and "AssertionError: giá trị sai: một" in out
+    assert "reports/trang.err.log" in out

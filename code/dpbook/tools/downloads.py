@@ -67,6 +67,10 @@ def write_archive(path: Path, root: Path, notebooks: dict[str, Path]) -> None:
                     _member(zf, src.relative_to(root).as_posix(), src.read_bytes())
 
 
+class NotExecuted(RuntimeError):
+    """A notebook has no successful run in the execution cache."""
+
+
 def executed(cache_path: Path, source: Path):
     """The notebook at ``source`` with the outputs of its run in the execution cache."""
     import nbformat
@@ -77,9 +81,25 @@ def executed(cache_path: Path, source: Path):
         _, merged = get_cache(str(cache_path)).merge_match_into_notebook(nb)
     except KeyError:
         # Never serve the notebook without outputs under the "as built" label.
-        raise RuntimeError(f"không có lần chạy nào của {source} trong bộ nhớ đệm {cache_path}; "
-                           "hãy dựng lại sách (make book)") from None
+        raise NotExecuted(f"không có lần chạy nào của {source} trong bộ nhớ đệm "
+                          f"{cache_path}") from None
     return merged
+
+
+def failure(cache_path: Path, source: Path) -> str | None:
+    """The end of the traceback jupyter-cache kept from the last failed run of ``source`` (the
+    failing cell's error: myst-nb's cache mode stores it with ``NbProjectRecord.set_traceback``),
+    or None if no run of it failed."""
+    import re
+
+    from jupyter_cache import get_cache
+
+    for record in get_cache(str(cache_path)).list_project_records():
+        if Path(record.uri).resolve() == source.resolve() and record.traceback:
+            lines = [ln for ln in re.sub(r"\x1b\[[0-9;]*m", "", record.traceback).splitlines()
+                     if ln.strip()]
+            return "\n".join(lines[-3:])
+    return None
 
 
 def _publish(app, exception) -> None:
@@ -88,12 +108,37 @@ def _publish(app, exception) -> None:
     import nbformat
 
     out, cache_path, found = Path(app.outdir), execution_cache.cache_folder(app), {}
+    missing = []
     for doc in notebook_pages(app):
+        source = Path(app.env.doc2path(doc))
+        try:
+            nb = executed(cache_path, source)
+        except NotExecuted:
+            missing.append(source)
+            continue
         target = out / "_sources" / f"{doc}.ipynb"
         target.parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(executed(cache_path, Path(app.env.doc2path(doc))), target)
+        nbformat.write(nb, target)
         found[doc] = target
+    if missing:
+        raise NotExecuted(_missing_message(cache_path, Path(app.srcdir), out, missing))
     write_archive(out / ARCHIVE, Path(app.srcdir), found)
+
+
+def _missing_message(cache_path: Path, srcdir: Path, out: Path, missing: list[Path]) -> str:
+    parts = [f"{len(missing)} notebook không chạy trọn khi dựng sách, nên không có bản đã chạy "
+             "để tải xuống:"]
+    for source in missing:
+        rel = source.relative_to(srcdir) if source.is_relative_to(srcdir) else source
+        error = failure(cache_path, source)
+        report = out / "reports" / rel.with_suffix(".err.log")
+        parts.append(f"- {rel}: " + (f"ô mã lỗi:\n    " + error.replace("\n", "\n    ")
+                                     if error else "chưa chạy (không có lần chạy lỗi nào được ghi)"))
+        if report.exists():
+            parts.append(f"    (toàn bộ traceback: {report})")
+    parts.append("Sửa ô lỗi rồi dựng lại (make book); chạy riêng một notebook: .venv/bin/python "
+                 "-m pytest --nbval-lax ĐƯỜNG_DẪN.ipynb")
+    return "\n".join(parts)
 
 
 def _archive_button(app, pagename, templatename, context, doctree) -> None:
