@@ -50,7 +50,7 @@ def _gone_within(pids, seconds):
     return _alive(pids)
 
 
-def test_ranks_in_a_kernel():
+def test_ranks_in_a_kernel(tmp_path):
     km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60)
     try:
         _ok(kc, "%load_ext dpbook.ranks")
@@ -81,8 +81,16 @@ def test_ranks_in_a_kernel():
         assert "[3.0, 3.0]" in _ok(kc, "%%ranks\nprint(t.tolist())")
 
         # Interrupt: plain Python on the ranks stops with KeyboardInterrupt, state kept.
-        msg_id = kc.execute("%%ranks\nimport time\ntime.sleep(60)")
-        time.sleep(2.0)
+        # Each rank marks a file once it sleeps: the interrupt must find both asleep, not still
+        # on their way (a fixed wait was a guess on two busy cores).
+        asleep = [tmp_path / f"ngu{r}" for r in range(2)]
+        msg_id = kc.execute(f"%%ranks\nimport time, pathlib\n"
+                            f"pathlib.Path({str(tmp_path)!r}, f'ngu{{rank}}').touch()\n"
+                            "time.sleep(60)")
+        deadline = time.monotonic() + 60
+        while not all(p.exists() for p in asleep):
+            assert time.monotonic() < deadline, "các rank không bắt đầu ngủ sau 60 s"
+            time.sleep(0.05)
         km.interrupt_kernel()
         reply = kc.get_shell_msg(timeout=30)
         assert reply["parent_header"]["msg_id"] == msg_id
