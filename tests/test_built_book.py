@@ -348,3 +348,89 @@ def test_interface_is_vietnamese(browser_page, html, path):
     browser_page.goto((html / path).as_uri())
     english = {s: w for s in browser_page.evaluate(_INTERFACE_JS) if (w := english_words(s))}
     assert not english, f"{path}: còn tiếng Anh trong giao diện: {english}"
+
+
+@pytest.fixture
+def device_page(html):
+    """Open built pages offline in headless Chromium as a phone (390 × 844, touch) or a laptop
+    (1366 × 768): ``open(path, phone)`` returns the page; no JavaScript error allowed."""
+    from playwright.sync_api import sync_playwright
+
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+
+        def _open(path: str, phone: bool):
+            context = browser.new_context(
+                offline=True, viewport={"width": 390, "height": 844} if phone else
+                {"width": 1366, "height": 768}, has_touch=phone, is_mobile=phone)
+            page = context.new_page()
+            page.on("pageerror", lambda e: problems.append(f"JS error: {e}"))
+            page.goto((html / path).as_uri())
+            return page
+
+        yield _open
+        browser.close()
+    assert problems == [], problems
+
+
+def _visible(page, selector: str):
+    loc = page.locator(selector)
+    shown = [loc.nth(i) for i in range(loc.count()) if loc.nth(i).is_visible()]
+    assert len(shown) == 1, f"{selector}: {len(shown)} nút hiện, cần đúng 1"
+    return shown[0]
+
+
+@NEEDS_CHROMIUM
+def test_the_menu_buttons_open_the_contents_on_a_phone(device_page):
+    page = device_page("book/ch04/p1/03-ddp.html", phone=True)
+    dialog = page.locator("#pst-primary-sidebar-modal")
+    _visible(page, ".primary-toggle").tap()
+    page.wait_for_function("document.getElementById('pst-primary-sidebar-modal').open")
+    link = dialog.get_by_role("link", name="4.1.5 Ring AllReduce", exact=False).first
+    assert link.is_visible()
+    page.keyboard.press("Escape")
+    page.wait_for_function("!document.getElementById('pst-primary-sidebar-modal').open")
+    # the contents went back to the sidebar, and the button opens them again
+    assert page.locator("#pst-primary-sidebar a.reference").count() > 10
+    _visible(page, ".primary-toggle").tap()
+    page.wait_for_function("document.getElementById('pst-primary-sidebar-modal').open")
+    link.tap()  # a tap on a page of the book goes there
+    page.wait_for_url("**/05-ring-allreduce.html*")
+    _visible(page, ".secondary-toggle").tap()
+    page.wait_for_function("document.getElementById('pst-secondary-sidebar-modal').open")
+    assert page.locator("#pst-secondary-sidebar-modal nav.page-toc").is_visible()
+
+
+@NEEDS_CHROMIUM
+def test_the_menu_button_hides_the_sidebar_on_a_desktop_and_one_search_box_shows(device_page):
+    page = device_page("book/ch04/p1/03-ddp.html", phone=False)
+    sidebar = page.locator("#pst-primary-sidebar")
+    assert sidebar.is_visible()
+    assert _visible(page, ".search-button-field").is_visible()  # exactly one search box
+    toggle = _visible(page, ".primary-toggle")
+    toggle.click()
+    page.wait_for_timeout(400)  # the theme's 0.25 s transition
+    assert not sidebar.is_visible() and not page.locator("#pst-primary-sidebar-modal").evaluate("d => d.open")
+    _visible(page, ".search-button")  # search stays one click away
+    toggle.click()
+    page.wait_for_timeout(400)
+    assert sidebar.is_visible()
+
+
+@NEEDS_CHROMIUM
+def test_no_page_is_wider_than_a_phone(device_page, html):
+    wide = {}
+    page = None
+    for path in sorted(html.rglob("*.html")):
+        rel = path.relative_to(html).as_posix()
+        if rel.startswith(("_", "genindex")):
+            continue
+        if page is None:
+            page = device_page(rel, phone=True)
+        else:
+            page.goto(path.as_uri())
+        width = page.evaluate("document.documentElement.scrollWidth")
+        if width > 390:
+            wide[rel] = width
+    assert wide == {}, f"trang rộng hơn màn hình điện thoại 390 px: {wide}"
