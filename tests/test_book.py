@@ -22,6 +22,20 @@ def test_text_is_nfc_utf8_without_cjk(root):
         assert not re.search(r"[\u4e00-\u9fff]", text), f"{path} chứa ký tự CJK"
 
 
+def test_no_control_character_in_a_page_source(root):
+    """A control character in a source is almost always an escape gone wrong: "\\approx" written
+    as "\approx" in a Python string became BEL + "pprox", a MathJax error on the page."""
+    for path in _book_files(root):
+        if path.suffix == ".ipynb":
+            texts = ["".join(c["source"]) for c in json.loads(path.read_text("utf-8"))["cells"]]
+        else:
+            texts = [path.read_text("utf-8")]
+        for text in texts:
+            bad = re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", text)
+            assert bad is None, (f"{path}: ký tự điều khiển {bad.group()!r} trong "
+                                 f"{text[max(0, bad.start() - 30):bad.end() + 30]!r}")
+
+
 def test_notebooks_are_committed_without_outputs(root):
     for nb in (root / "book").rglob("*.ipynb"):
         cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
