@@ -175,24 +175,50 @@ def _differences(py, js, where="") -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
+def browser():
     from playwright.sync_api import sync_playwright
 
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def calc_uri(tmp_path_factory):
     path = tmp_path_factory.mktemp("calc") / "calc.html"
     path.write_text(calculator.calculator().standalone_html(), encoding="utf-8")
+    return path.as_uri()
+
+
+def _open(browser, uri, problems, **context_args):
+    """The standalone calculator in a fresh offline context; JS errors, console errors and any
+    network request are collected in ``problems``."""
+    pg = browser.new_context(offline=True, **context_args).new_page()
+    pg.on("pageerror", lambda e: problems.append(f"JS error: {e}"))
+    pg.on("console", lambda m: problems.append(f"console: {m.text}") if m.type == "error" else None)
+    pg.route("http*://**", lambda route: (problems.append(f"network: {route.request.url}"),
+                                          route.abort()))
+    pg.goto(uri)
+    pg.uri = uri
+    return pg
+
+
+@pytest.fixture(scope="module")
+def page(browser, calc_uri):
     problems: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        context = browser.new_context(offline=True)
-        pg = context.new_page()
-        pg.on("pageerror", lambda e: problems.append(f"JS error: {e}"))
-        pg.on("console", lambda m: problems.append(f"console: {m.text}") if m.type == "error" else None)
-        pg.route("http*://**", lambda route: (problems.append(f"network: {route.request.url}"),
-                                              route.abort()))
-        pg.goto(path.as_uri() + "#foreign=1&ledger_traffic_decision.ledger.world_size=64")
-        pg.uri = path.as_uri()
-        yield pg
-        browser.close()
+    yield _open(browser, calc_uri + "#foreign=1&ledger_traffic_decision.ledger.world_size=64",
+                problems)
+    assert problems == [], problems
+
+
+@pytest.fixture
+def form(browser, calc_uri):
+    """A page of its own, at the default inputs, for a test that types into the forms."""
+    problems: list[str] = []
+    pg = _open(browser, calc_uri, problems)
+    yield pg
+    pg.context.close()
     assert problems == [], problems
 
 
@@ -232,6 +258,12 @@ def test_javascript_numbers_are_vi(page):
     assert not bad, bad[:10]
     assert page.evaluate("window.dpbookCalc.vi.number(0.125, 2)") == vi.number(0.125, 2) == "0,12"
     assert page.evaluate("window.dpbookCalc.repr(1.5e-05)") == repr(1.5e-05)
+    # Past 1e21 JavaScript's toFixed writes an exponent; the formatter still prints Python's digits.
+    huge = [1e21, 1e30, 123456789e20, 2.0**80 + 2.0**28]
+    js = page.evaluate("""xs => xs.map(x => [window.dpbookCalc.vi.number(x, 1),
+        window.dpbookCalc.vi.nbytes(x), window.dpbookCalc.vi.ms(x), window.dpbookCalc.vi.grouped(x)])""",
+                       huge)
+    assert js == [[vi.number(x, 1), vi.nbytes(x), vi.ms(x), vi.grouped(x)] for x in huge]
 
 
 @NEEDS_CHROMIUM
@@ -260,7 +292,170 @@ def test_the_page_reads_and_keeps_its_own_hash_keys(page):
     with pytest.raises(ValueError) as refused:
         costs.step_time(1, "DDP", 4, 8, compute_seconds=0, alpha_intra=0, bandwidth_intra=1,
                         alpha_inter=0, bandwidth_inter=0)
-    assert err == str(refused.value) == "bandwidth_inter phải là số dương, nhận được 0."
+    # The library speaks Python; the form names the field as the reader sees it.
+    assert str(refused.value) == "bandwidth_inter phải là số dương, nhận được 0."
+    assert err == ("“Băng thông ra khỏi node (GB/s mỗi node, mỗi chiều)” phải là số lớn hơn 0 và "
+                   f"không quá {vi.grouped(10**6)}, nhận được 0.")
     root.locator('[data-panel="traffic"] [name="bandwidth_inter_gbs"]').fill("50")
     assert root.locator('[data-panel="traffic"] .dpc-error').inner_text() == ""
     assert root.locator('[data-panel="traffic"] tbody tr').count() == len(costs.STRATEGIES)
+
+
+# --- the forms: what a reader types, and what the calculator answers
+
+FIELDS = calculator.render.FIELDS
+LABELS = {(panel, f[0]): f[1] for panel, specs in FIELDS.items() for f in specs}
+NUMERIC = [(panel, f[0]) for panel, specs in FIELDS.items() for f in specs if f[2] in ("int", "float")]
+G = vi.grouped
+
+
+def _panel(pg, panel):
+    return pg.locator(f'.dpc [data-panel="{panel}"]').first
+
+
+def _type(pg, panel, field, value):
+    """Type ``value`` into ``field`` of ``panel`` ("tự nhập" chosen first where a preset holds
+    the field); return the panel's error line and its output."""
+    p = _panel(pg, panel)
+    if p.locator(f'[name="{field}"]').is_disabled():
+        p.locator('[name="preset"]').select_option("")
+    p.locator(f'[name="{field}"]').fill(value)
+    return p.locator(".dpc-error").inner_text(), p.locator(".dpc-out").inner_text()
+
+
+def _speaks_the_form(message):
+    """No name of the library's arguments outside the quoted labels."""
+    import re
+    bare = re.sub(r"“[^”]*”", "", message)
+    return not re.search(r"\b[a-z]+(_[a-z]+)+\b|\bnodes\b|\bheadroom\b", bare), bare
+
+
+@NEEDS_CHROMIUM
+def test_a_bad_value_is_named_by_its_label_and_quoted_as_typed(form):
+    err, out = _type(form, "ledger", "activation_gb", "-1")
+    assert err == f"“Activation mỗi GPU (GB)” phải là số từ 0 đến {G(10**6)}, nhận được -1."
+    assert out == ""
+    _type(form, "ledger", "activation_gb", "0")
+    err, _ = _type(form, "decision", "activation_gb", "-1.5")
+    assert err == ("“Activation mỗi GPU khi không tính lại (GB)” phải là số từ 0 đến "
+                   f"{G(10**6)}, nhận được -1,5.")
+    err, _ = _type(form, "traffic", "nodes", "2.5")
+    assert err == f"“Số node” phải là số nguyên từ 1 đến {G(10**5)}, nhận được 2,5."
+    _type(form, "decision", "activation_gb", "20")
+    err, _ = _type(form, "decision", "headroom_pct", "100")
+    assert err == "“Để trống (% phần cấp phát được)” phải là số từ 0 đến dưới 100, nhận được 100."
+    _type(form, "decision", "headroom_pct", "10")
+    _type(form, "traffic", "nodes", "4")
+    # A rule between two fields is the library's; its message is read in the form's words too.
+    _type(form, "traffic", "num_params", "10")
+    err, out = _type(form, "traffic", "root_params", "20")
+    assert err == ("“Tham số gốc không gom lại khi lan truyền ngược (0: như 4.1.8)” phải nằm trong "
+                   "[0, “Số tham số P”], nhận được 20.") and out == ""
+    _type(form, "traffic", "root_params", "0")
+    form.locator('.dpc [data-panel="ledger"] [name="strategy"]').select_option("HYBRID_SHARD")
+    err, out = _type(form, "ledger", "shard_size", "3")
+    assert err == ("HYBRID_SHARD cần “shard_size (HYBRID_SHARD)” là ước số nguyên dương của "
+                   "“Số GPU N (world_size)” = 8 (thường là số GPU mỗi máy), nhận được 3.")
+    _type(form, "ledger", "shard_size", "8")
+    _type(form, "decision", "num_params", "10")
+    for field, value in (("largest_unit_params", "11"), ("root_unit_params", "11")):
+        err, _ = _type(form, "decision", field, value)
+        assert err and _speaks_the_form(err)[0], err
+        _type(form, "decision", field, "0")
+    for panel in FIELDS:
+        assert _panel(form, panel).locator(".dpc-error").inner_text() == "", panel
+
+
+@NEEDS_CHROMIUM
+def test_every_empty_field_is_named_and_nothing_is_computed(form):
+    import re
+    wrong = []
+    for panel, field in NUMERIC:
+        p = _panel(form, panel)
+        default = p.locator(f'[name="{field}"]').get_attribute("data-default")
+        err, out = _type(form, panel, field, "")
+        said = f"Ô “{LABELS[panel, field]}” đang trống: hãy nhập một số"
+        if not err.startswith(said) or out or re.search(r"\bnan\b", p.inner_text(), re.I):
+            wrong.append((panel, field, err, out[:100]))
+        err, _ = _type(form, panel, field, default)
+        if err:
+            wrong.append((panel, field, "mặc định bị từ chối", err))
+    assert not wrong, wrong
+    err, out = _type(form, "decision", "host_gb", "")
+    assert err == f"Ô “Bộ nhớ CPU mỗi node (GB)” đang trống: hãy nhập một số từ 0 đến {G(10**6)}."
+    assert out == "" and "Không phương án nào vừa" not in _panel(form, "decision").inner_text()
+    err, out = _type(form, "traffic", "compute_ms", "")
+    assert err == f"Ô “Thời gian tính một bước (ms)” đang trống: hãy nhập một số từ 0 đến {G(10**7)}."
+    assert out == ""
+    err, _ = _type(form, "ledger", "world_size", "")
+    assert err == f"Ô “Số GPU N (world_size)” đang trống: hãy nhập một số nguyên từ 1 đến {G(10**6)}."
+
+
+@NEEDS_CHROMIUM
+def test_huge_values_are_refused_with_the_allowed_range(form):
+    err, out = _type(form, "traffic", "compute_ms", "1e30")
+    assert err == f"“Thời gian tính một bước (ms)” phải là số từ 0 đến {G(10**7)}, nhận được 1e30."
+    assert out == ""
+    _type(form, "traffic", "compute_ms", "500")
+    err, out = _type(form, "ledger", "num_params", "1e30")
+    assert err == f"“Số tham số P” phải là số nguyên từ 1 đến {G(10**14)}, nhận được 1e30."
+    _type(form, "ledger", "num_params", "6738415616")
+    # The largest value a field takes still prints as numbers, the bars' labels included.
+    wrong = []
+    for panel, field in NUMERIC:
+        low, high, _, high_open = calculator.render.LIMITS[field]
+        p = _panel(form, panel)
+        default = p.locator(f'[name="{field}"]').get_attribute("data-default")
+        err, out = _type(form, panel, field, str(high - 1 if high_open else high))
+        text = p.inner_text() + " ".join(p.locator("svg text").all_text_contents())
+        if any(bad in text for bad in ("e+", "nan", "Infinity", "undefined")) or (
+                err and not _speaks_the_form(err)[0]):
+            wrong.append((panel, field, err, text[-300:]))
+        _type(form, panel, field, default)
+    assert not wrong, wrong
+    _panel(form, "ledger").locator('[name="preset"]').select_option("llama-7b")
+    _type(form, "ledger", "activation_gb", str(10**6))
+    p = presets()["llama-7b"]
+    total = memory.vram_ledger(p.num_params, 8, "FULL_SHARD", precision="mixed", phase="step",
+                               largest_unit_params=p.largest_unit, root_unit_params=p.root_unit,
+                               activation_bytes=1e15).total
+    assert f"↑ {vi.nbytes(total)}" in _panel(form, "ledger").locator("svg text").all_text_contents()
+
+
+@NEEDS_CHROMIUM
+def test_a_phone_sees_the_whole_calculator(browser, calc_uri):
+    """On a 390 px wide phone nothing is cut: the page is no wider than the screen, and a table
+    wider than the screen scrolls sideways inside its own box, which the screen holds."""
+    problems: list[str] = []
+    pg = _open(browser, calc_uri, problems, viewport={"width": 390, "height": 844},
+               device_scale_factor=3, is_mobile=True, has_touch=True)
+    seen = pg.evaluate("""() => {
+        const W = document.documentElement.clientWidth, cut = [];
+        const scrolls = e => ["auto", "scroll"].includes(getComputedStyle(e).overflowX);
+        const box = e => { for (let b = e.parentElement; b && b !== document.body; b = b.parentElement) {
+                             if (scrolls(b)) { return b; } } return null; };
+        document.querySelectorAll(".dpc *").forEach(e => {
+          const r = e.getBoundingClientRect(), b = box(e);
+          if (r.width === 0 || e.closest("svg") && e.tagName !== "svg") { return; }
+          if (b) {
+            const s = b.getBoundingClientRect();
+            if (s.left < 0 || s.right > W + 0.5) { cut.push("box " + b.className); }
+          } else if (r.left < -0.5 || r.right > W + 0.5) {
+            cut.push(e.tagName + "." + e.className + " " + Math.round(r.left) + ".." + Math.round(r.right));
+          }
+        });
+        const tables = [...document.querySelectorAll(".dpc table")].map(t => {
+          const b = box(t);
+          const r = t.getBoundingClientRect();
+          return {fits: r.left >= 0 && r.right <= W,
+                  scrolls: !!b && b.scrollWidth >= Math.floor(r.width) && b.clientWidth <= W,
+                  width: r.width, box: b && [b.scrollWidth, b.clientWidth]};
+        });
+        return {width: W, inner: window.innerWidth, scrollWidth: document.documentElement.scrollWidth, cut, tables};
+    }""")
+    pg.context.close()
+    assert problems == [], problems
+    assert seen["width"] == seen["inner"] == 390, seen  # not zoomed out to fit a wider page
+    assert seen["scrollWidth"] <= 390, seen
+    assert not seen["cut"], seen["cut"][:10]
+    assert len(seen["tables"]) == 2 and all(t["fits"] or t["scrolls"] for t in seen["tables"]), seen

@@ -77,6 +77,9 @@
     if (isNaN(x)) { return "nan"; }
     if (!isFinite(x)) { return x > 0 ? "inf" : "-inf"; }
     var neg = x < 0 || (x === 0 && 1 / x < 0), s = Math.abs(x).toFixed(Math.min(100, d + 40));
+    // From 1e21 on toFixed writes an exponent; such a double is a whole number, and BigInt
+    // gives its exact digits, as Python prints them.
+    if (Math.abs(x) >= 1e21) { s = BigInt(Math.abs(x)).toString() + "." + "0".repeat(d + 1); }
     var dot = s.indexOf("."), ip = s.slice(0, dot), fp = s.slice(dot + 1);
     var keep = fp.slice(0, d), rest = fp.slice(d), digits = ip + keep;
     var last = +digits[digits.length - 1];

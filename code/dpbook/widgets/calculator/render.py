@@ -69,6 +69,30 @@ FIELDS = {
         ("host_gb", "Bộ nhớ CPU mỗi node (GB)", "float", 2000.0),
     ),
 }
+# What a numeric field takes, in the reader's units: (smallest, largest, smallest excluded,
+# largest excluded). The bounds are far past any training job, and low enough that every result
+# stays an ordinary number (integers under 2**53, bytes under 1e21, where JavaScript's toFixed
+# would switch to an exponent): a typo like 1e30 is refused with the range, not printed.
+_COUNT = (0, 10**14, False, False)  # parameters: 100 nghìn tỷ, 50 times the largest model of 2025
+LIMITS = {
+    "num_params": (1, 10**14, False, False),
+    "largest_unit_params": _COUNT,
+    "root_unit_params": _COUNT,
+    "root_params": _COUNT,
+    "world_size": (1, 10**6, False, False),
+    "shard_size": (1, 10**6, False, False),
+    "nodes": (1, 10**5, False, False),
+    "gpus_per_node": (1, 1024, False, False),
+    "messages": (1, 10**6, False, False),
+    "activation_gb": (0, 10**6, False, False),
+    "host_gb": (0, 10**6, False, False),
+    "alpha_intra_us": (0, 10**6, False, False),  # one second
+    "alpha_inter_us": (0, 10**6, False, False),
+    "bandwidth_intra_gbs": (0, 10**6, True, False),  # the time divides by it
+    "bandwidth_inter_gbs": (0, 10**6, True, False),
+    "compute_ms": (0, 10**7, False, False),  # almost three hours
+    "headroom_pct": (0, 100, False, True),  # 100% would leave nothing to use
+}
 TITLES = {
     "ledger": "Công cụ tính sổ kế toán VRAM mỗi GPU",
     "traffic": "Công cụ tính giao tiếp và thời gian mỗi bước",
@@ -79,17 +103,20 @@ _CSS = """
 .dpc{font-family:"Liberation Sans",Arial,"Noto Sans","DejaVu Sans",sans-serif;border:1px solid #bbb;
   border-radius:8px;padding:10px;margin:12px 0;background:#fff;color:#111;max-width:100%}
 .dpc-title{font-weight:bold;font-size:1.05em;margin-bottom:6px}
-.dpc-form{display:grid;grid-template-columns:repeat(auto-fill,minmax(15em,1fr));gap:6px 14px;
+.dpc-form{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(15em,100%),1fr));gap:6px 14px;
   margin-bottom:8px}
-.dpc-form label{display:flex;flex-direction:column;font-size:0.85em;gap:2px}
-.dpc-form input,.dpc-form select{font-size:1em;padding:3px 5px;border:1px solid #888;border-radius:4px}
+.dpc-form label{display:flex;flex-direction:column;font-size:0.85em;gap:2px;min-width:0}
+.dpc-form input,.dpc-form select{font-size:1em;padding:3px 5px;border:1px solid #888;border-radius:4px;
+  min-width:0;max-width:100%;box-sizing:border-box}
 .dpc-form input:disabled{background:#eee;color:#555}
 .dpc-buttons{display:flex;gap:6px;margin:6px 0}
 .dpc-buttons button{font-size:0.95em;padding:4px 10px;border:1px solid #888;border-radius:5px;
   background:#f4f4f4;color:#111;cursor:pointer}
-.dpc-error{color:#b3001b;font-weight:bold;min-height:1.2em}
+.dpc-error{color:#b3001b;font-weight:bold;min-height:1.2em;overflow-wrap:anywhere}
+.dpc-out{overflow-wrap:anywhere}
 .dpc-out svg{width:100%;height:auto;display:block}
-.dpc-out table{border-collapse:collapse;font-size:0.9em;margin:6px 0}
+.dpc-scroll{overflow-x:auto;max-width:100%}
+.dpc-out table{border-collapse:collapse;font-size:0.9em;margin:6px 0;overflow-wrap:normal}
 .dpc-out th,.dpc-out td{border:1px solid #ccc;padding:3px 7px;text-align:right}
 .dpc-out th:first-child,.dpc-out td:first-child{text-align:left}
 .dpc-choice{font-size:1.3em;font-weight:bold;margin:4px 0}
@@ -101,10 +128,15 @@ _CSS = """
 
 def _field(spec, data: dict) -> str:
     name, label, kind, default = spec
-    attrs = f'name="{name}" data-default="{html.escape(str(default))}"'
+    # ui.js names a field in its messages by the label the reader sees, read off data-label.
+    attrs = (f'name="{name}" data-default="{html.escape(str(default))}" '
+             f'data-label="{html.escape(label)}"')
     if kind in ("int", "float"):
+        low, high, low_open, high_open = LIMITS[name]
         step = "1" if kind == "int" else "any"
-        control = (f'<input type="number" {attrs} data-kind="{kind}" step="{step}" min="0" '
+        control = (f'<input type="number" {attrs} data-kind="{kind}" step="{step}" '
+                   f'min="{low}" max="{high}" data-min="{low}" data-max="{high}" '
+                   f'data-min-open="{int(low_open)}" data-max-open="{int(high_open)}" '
                    f'value="{default}">')
     else:
         choices = {

@@ -10,6 +10,19 @@
                ["activations", "activation"]];
   var PRESET_FIELDS = {num_params: "num_params", largest_unit_params: "largest_unit",
                        root_unit_params: "root_unit"};
+  // The library's arguments, each with the field a reader types it in, often in other units (GB
+  // for bytes, ms for seconds, % for a fraction). A library message names the argument and
+  // quotes the converted value; the reader is shown the field's label and what was typed.
+  var ARGS = {num_params: "num_params", param_bytes: "num_params",
+              largest_unit_params: "largest_unit_params", root_unit_params: "root_unit_params",
+              root_bytes: "root_params", world_size: "world_size", shard_size: "shard_size",
+              nodes: "nodes", gpus_per_node: "gpus_per_node", messages: "messages",
+              activation_bytes: "activation_gb", activation_gb: "activation_gb",
+              compute_seconds: "compute_ms", alpha_intra: "alpha_intra_us",
+              bandwidth_intra: "bandwidth_intra_gbs", alpha_inter: "alpha_inter_us",
+              bandwidth_inter: "bandwidth_inter_gbs", headroom: "headroom_pct", host_gb: "host_gb"};
+  var NUM = "-?[0-9]+(?:\\.[0-9]+)?(?:e[+-]?[0-9]+)?";
+  var ARG_RE = new RegExp("\\b(" + Object.keys(ARGS).join("|") + ")\\b(?:=(" + NUM + "))?", "g");
 
   function gb(x, d) { return vi.number(x / GB, d === undefined ? 2 : d, {group: NARROW}); }
   function esc(s) {
@@ -31,6 +44,58 @@
     var h = parts.map(function (p) { return encodeURIComponent(p[0]) + "=" + encodeURIComponent(p[1]); }).join("&");
     var url = location.href.split("#")[0] + (h ? "#" + h : "");
     try { history.replaceState(null, "", url); } catch (e) { location.hash = h; }
+  }
+
+  function field(panel, name) { return panel.querySelector('[name="' + name + '"]'); }
+  function quoted(el) { return "“" + el.dataset.label + "”"; }
+  function typed(el) { return el.value.replace(".", ","); }  // as typed, with the book's decimal comma
+  function range(el) {  // the LIMITS of render.py, in words
+    var lo = vi.grouped(Number(el.dataset.min)), hi = vi.grouped(Number(el.dataset.max));
+    var upto = el.dataset.maxOpen === "1" ? "dưới " + hi : hi;
+    return el.dataset.minOpen === "1" ? "lớn hơn " + lo + " và " + (el.dataset.maxOpen === "1" ? "" : "không quá ") + upto
+                                      : "từ " + lo + " đến " + upto;
+  }
+  // Each field is checked here, in the reader's units, before any formula runs: an empty field
+  // would reach the library as NaN and come back as "nan" or as a wrong verdict. The first field
+  // at fault, in the form's order, is the message.
+  function checkFields(panel) {
+    var els = panel.querySelectorAll("input[data-kind]");
+    for (var i = 0; i < els.length; i++) {
+      var el = els[i], whole = el.dataset.kind === "int", x = Number(el.value);
+      if (el.disabled) { continue; }
+      var want = (whole ? "số nguyên" : "số") + " " + range(el);
+      if (el.value === "") {  // a number input gives "" for text that is no number, too
+        return "Ô " + quoted(el) + (el.validity && el.validity.badInput ? " không chứa một số" : " đang trống") +
+               ": hãy nhập một " + want + ".";
+      }
+      var lo = Number(el.dataset.min), hi = Number(el.dataset.max);
+      if (!isFinite(x) || (whole && !Number.isInteger(x)) || x < lo || x > hi ||
+          (el.dataset.minOpen === "1" && x === lo) || (el.dataset.maxOpen === "1" && x === hi)) {
+        return quoted(el) + " phải là " + want + ", nhận được " + typed(el) + ".";
+      }
+    }
+    return null;
+  }
+  // A library message, for a rule between fields that only the library checks, in the form's words.
+  function speak(message, inputs, panel) {
+    var subject = null;
+    var text = message.replace(ARG_RE, function (all, name, value) {
+      var el = field(panel, ARGS[name]);
+      if (!el) { return all; }
+      subject = subject || name;
+      if (value === undefined) { return quoted(el); }
+      return quoted(el) + " = " + (value === C.repr(inputs[name]) ? typed(el) : value);
+    });
+    if (subject && inputs[subject] !== undefined) {
+      var got = C.repr(inputs[subject]).replace(/[.+]/g, "\\$&");
+      text = text.replace(new RegExp("nhận được " + got + "(?![0-9e]|\\.[0-9])"),
+                          "nhận được " + typed(field(panel, ARGS[subject])));
+    }
+    return text;
+  }
+  function scroller(table) {  // a table wider than a phone scrolls inside its own box
+    return '<div class="dpc-scroll" tabindex="0" role="region" aria-label="Bảng kết quả (cuộn ngang)">' +
+           table + "</div>";
   }
 
   function values(panel) {  // the form as typed, and as the library's inputs (bytes, seconds)
@@ -56,12 +121,12 @@
     if (text !== undefined) { e.textContent = text; }
     return e;
   }
-  function ledgerOut(v, out) {
+  function ledgerOut(v, out, panel) {
     var base = merge(model(v), {world_size: v.world_size, precision: v.precision, optimizer: v.optimizer,
                                 phase: v.phase, shard_size: v.shard_size,
                                 activation_bytes: v.activation_gb * GB});
-    var chosen = C.ledger(merge(base, {strategy: v.strategy}));
-    if (chosen.error) { return chosen.error; }
+    var asked = merge(base, {strategy: v.strategy}), chosen = C.ledger(asked);
+    if (chosen.error) { return speak(chosen.error, asked, panel); }
     var bars = C.data.memory.strategies.map(function (s) { return [s, C.ledger(merge(base, {strategy: s}))]; });
     var cards = C.data.cards, maxCard = Math.max.apply(null, cards.map(function (c) { return c.usable_bytes; }));
     var tallest = Math.max.apply(null, bars.map(function (b) { return b[1].error ? 0 : b[1].total; }));
@@ -122,21 +187,23 @@
   }
 
   // --- communication and time of one step, every strategy of dpbook.costs
-  function trafficOut(v, out) {
+  function trafficOut(v, out, panel) {
     var b = Number(v.comm_bytes), rows = [], error = null;
     var P = v.preset ? C.data.presets[v.preset].num_params : v.num_params;
     var common = {param_bytes: P * b, root_bytes: v.root_params * b, nodes: v.nodes,
                   gpus_per_node: v.gpus_per_node};
     C.data.costs.strategies.forEach(function (s) {
       var root = s === "DDP" || s === "NO_SHARD" ? 0 : common.root_bytes;
-      var bytes = C.stepBytes(merge(common, {strategy: s, root_bytes: root}));
-      var time = C.stepTime(merge(common, {strategy: s, root_bytes: root, compute_seconds: v.compute_ms / 1e3,
-                                          messages: v.messages, alpha_intra: v.alpha_intra_us * 1e-6,
-                                          bandwidth_intra: v.bandwidth_intra_gbs * GB,
-                                          alpha_inter: v.alpha_inter_us * 1e-6,
-                                          bandwidth_inter: v.bandwidth_inter_gbs * GB}));
-      error = error || bytes.error || time.error;
-      if (bytes.error || time.error) { return; }
+      var asked = merge(common, {strategy: s, root_bytes: root, compute_seconds: v.compute_ms / 1e3,
+                                 messages: v.messages, alpha_intra: v.alpha_intra_us * 1e-6,
+                                 bandwidth_intra: v.bandwidth_intra_gbs * GB,
+                                 alpha_inter: v.alpha_inter_us * 1e-6,
+                                 bandwidth_inter: v.bandwidth_inter_gbs * GB});
+      var bytes = C.stepBytes(merge(common, {strategy: s, root_bytes: root})), time = C.stepTime(asked);
+      if (bytes.error || time.error) {
+        error = error || speak(bytes.error || time.error, asked, panel);
+        return;
+      }
       rows.push("<tr><td>" + s + "</td><td>" + gb(bytes.all_gather_forward) + "</td><td>" +
                 gb(bytes.all_gather_backward) + "</td><td>" + gb(bytes.reduce_scatter) + "</td><td>" +
                 gb(bytes.all_reduce) + "</td><td><b>" + gb(bytes.total) + "</b></td><td>" +
@@ -145,23 +212,24 @@
                 "</b></td></tr>");
     });
     if (error) { return error; }
-    out.innerHTML = "<table><thead><tr><th>Chiến lược</th><th>AllGather xuôi</th><th>AllGather ngược</th>" +
+    out.innerHTML = scroller("<table><thead><tr><th>Chiến lược</th><th>AllGather xuôi</th><th>AllGather ngược</th>" +
       "<th>ReduceScatter</th><th>AllReduce</th><th>Gửi mỗi GPU</th><th>Ra khỏi mỗi node</th>" +
       "<th>Giao tiếp</th><th>Không chồng lấp</th><th>Cận dưới khi chồng lấp</th></tr></thead><tbody>" +
-      rows.join("") + "</tbody></table><p>Byte mỗi bước tính bằng GB (10⁹ byte), mỗi GPU gửi (và nhận " +
+      rows.join("") + "</tbody></table>") + "<p>Byte mỗi bước tính bằng GB (10⁹ byte), mỗi GPU gửi (và nhận " +
       "bằng chừng ấy); thời gian theo mô hình alpha-beta: mỗi vòng ring chạy theo liên kết chậm nhất, " +
       "HYBRID_SHARD chia trong một node.</p>";
     return null;
   }
 
   // --- the decision rule of 4.1.8: every rung of the ladder, the lowest that fits chosen
-  function decisionOut(v, out) {
-    var rec = C.recommend(merge(model(v), {gpu: v.gpu, nodes: v.nodes, gpus_per_node: v.gpus_per_node,
-                                           precision: v.precision, optimizer: v.optimizer,
-                                           activation_gb: v.activation_gb, headroom: v.headroom_pct / 100,
-                                           allow_checkpointing: v.allow_checkpointing === "1",
-                                           allow_offload: v.allow_offload === "1", host_gb: v.host_gb}));
-    if (rec.error) { return rec.error; }
+  function decisionOut(v, out, panel) {
+    var asked = merge(model(v), {gpu: v.gpu, nodes: v.nodes, gpus_per_node: v.gpus_per_node,
+                                 precision: v.precision, optimizer: v.optimizer,
+                                 activation_gb: v.activation_gb, headroom: v.headroom_pct / 100,
+                                 allow_checkpointing: v.allow_checkpointing === "1",
+                                 allow_offload: v.allow_offload === "1", host_gb: v.host_gb});
+    var rec = C.recommend(asked);
+    if (rec.error) { return speak(rec.error, asked, panel); }
     var rows = rec.ladder.map(function (o) {
       var chosen = rec.choice !== null && o.label === rec.label;
       var open = chosen ? "<b>" : "", shut = chosen ? "</b>" : "";
@@ -171,10 +239,10 @@
              gb(o.internode_bytes, 1) + "</td></tr>";
     });
     out.innerHTML = '<div class="dpc-choice">' + esc(rec.choice ? "Chọn " + rec.label : "Không phương án nào vừa") +
-      "</div><p>" + esc(rec.reason) + "</p><table><thead><tr><th>Bậc (từ thấp lên)</th><th>GPU (GB)</th>" +
+      "</div><p>" + esc(rec.reason) + "</p>" + scroller("<table><thead><tr><th>Bậc (từ thấp lên)</th><th>GPU (GB)</th>" +
       "<th>CPU mỗi node (GB)</th><th>PCIe mỗi GPU mỗi bước (GB)</th><th>Gửi mỗi GPU mỗi bước (GB)</th>" +
       "<th>Ra khỏi mỗi node (GB)</th></tr></thead><tbody>" + rows.join("") +
-      "</tbody></table><p>Dùng được mỗi GPU: " + gb(rec.capacity_bytes, 1) + " GB; bộ nhớ CPU mỗi node cho offload: " +
+      "</tbody></table>") + "<p>Dùng được mỗi GPU: " + gb(rec.capacity_bytes, 1) + " GB; bộ nhớ CPU mỗi node cho offload: " +
       gb(rec.host_capacity_bytes, 1) + " GB; số khối được tính lại: " + rec.num_blocks + ".</p>";
     return null;
   }
@@ -192,7 +260,9 @@
   function update(panel) {
     syncPreset(panel);
     var error = null, out = panel.querySelector(".dpc-out");
-    try { error = OUT[panel.dataset.panel](values(panel), out); } catch (e) { error = String(e); }
+    try {
+      error = checkFields(panel) || OUT[panel.dataset.panel](values(panel), out, panel);
+    } catch (e) { error = String(e); }
     panel.querySelector(".dpc-error").textContent = error || "";
     if (error) { out.innerHTML = ""; }
   }
