@@ -406,7 +406,7 @@ def _line_magic(line: str):
         stop()
         print("Đã dừng mọi rank.")
     elif verb == "pull" and len(rest) == 1:
-        return current().pull(rest[0])
+        return _running().pull(rest[0])
     elif verb == "status":
         print(current().describe() if _current is not None and _current.running
               else "Không có rank nào đang chạy.")
@@ -425,7 +425,20 @@ def _start_args(words: list[str]) -> tuple[int | None, str]:
             n, i = int(w), i + 1
         else:
             raise RanksError(f"Không hiểu '{w}'. {_USAGE}")
+    try:
+        launch.plan(n, backend)  # the Python API's ValueError, as one line before anything stops
+    except ValueError as exc:
+        raise RanksError(f"%ranks start {' '.join(words)}: {exc}") from None
     return n, backend
+
+
+def _running() -> Ranks:
+    """``current()`` for the magics: not started is the learner's slip, one line, no
+    traceback."""
+    try:
+        return current()
+    except RuntimeError as exc:
+        raise RanksError(str(exc)) from None
 
 
 def _cell_magic(line: str, cell: str) -> None:
@@ -438,7 +451,7 @@ def _cell_magic(line: str, cell: str) -> None:
             raise RanksError(f"--timeout cần một số giây, nhận được '{words[1]}'.") from None
     elif words:
         raise RanksError(f"Không hiểu '{line.strip()}'. {_USAGE}")
-    show(current().run(cell, timeout=timeout))
+    show(_running().run(cell, timeout=timeout))
 
 
 def load_ipython_extension(ipython) -> None:

@@ -91,7 +91,7 @@ def test_traced_dataset_records_per_rank(tmp_path, monkeypatch):
 def test_check_refuses_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="epochs"):
         checker.check(SOLUTION, epochs=1)
-    with pytest.raises(ValueError, match="script"):
+    with pytest.raises(ValueError, match="Không thấy file"):
         checker.check(tmp_path / "nope.py")
 
 
@@ -100,8 +100,46 @@ def test_check_refuses_bad_arguments(tmp_path):
 # (book/ch04/p2/bai-a-ddp.ipynb, hidden assert cells), which nbval runs in `make test`.
 
 
-def test_command_line_refuses_a_missing_script(capsys):
-    from dpbook.labs.lab_a import checker
+def test_command_line_refuses_a_missing_or_broken_script(refuses_without_starting):
+    refuses_without_starting("lab_a")
 
-    with pytest.raises(ValueError, match="Không thấy file script"):
-        checker.main(["/khong/co/file.py"])
+
+def _judge(traces, weights_off: bool, loss: float):
+    """The items of a run that exited cleanly, logged once and saved a clean checkpoint, with
+    these traces, weights (the reference's, or off by 1e-3) and final loss."""
+    ref = checker.Reference(common.build_model().state_dict(), 0.38, "", [])
+    state = {k: v + (1e-3 if weights_off else 0.0) for k, v in ref.state.items()}
+    ckpt = checker.Item("checkpoint", "Checkpoint", True)
+    items, _ = checker.judge(0, "epoch 0:\nepoch 1:\nepoch 2:\n", 3, 2, ckpt, state, loss,
+                             traces, ref)
+    return {i.key: i for i in items}
+
+
+def test_weights_and_loss_hints_name_the_cause_the_traces_show():
+    n = common.NUM_SAMPLES
+    # Only set_epoch missing: the same order every epoch, so other weights and another loss.
+    items = _judge(ddp_traces(n, 2, 3, set_epoch=False), True, 0.30)
+    assert [k for k, i in items.items() if not i.passed] == ["set_epoch", "weights", "loss"]
+    for key in ("weights", "loss"):
+        assert "set_epoch(epoch)" in items[key].hint and "module" not in items[key].hint
+    # No DistributedSampler: every rank reads everything; the split is named, not set_epoch.
+    whole = {r: sum((epoch_order(n, e) for e in range(3)), []) for r in range(2)}
+    items = _judge(whole, True, 0.27)
+    assert "DistributedSampler" in items["loss"].hint and "module" not in items["loss"].hint
+    # Right data, right weights, another loss: then it is how the loss was computed.
+    items = _judge(ddp_traces(n, 2, 3), False, 0.30)
+    assert [k for k, i in items.items() if not i.passed] == ["loss"]
+    assert "evaluate(model.module, dataset)" in items["loss"].hint
+
+
+@pytest.mark.distributed
+def test_a_conversion_without_set_epoch_gets_the_set_epoch_hint(tmp_path):
+    lines = SOLUTION.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if "sampler.set_epoch(epoch)" not in line]
+    assert len(kept) == len(lines) - 1
+    script = tmp_path / "quen_set_epoch.py"
+    script.write_text("".join(kept), encoding="utf-8")
+    result = checker.check(script, verbose=False)
+    assert result.failed == ["set_epoch", "weights", "loss"], str(result)
+    hint = result.item("loss").hint
+    assert "set_epoch(epoch)" in hint and "module" not in hint, str(result)

@@ -107,8 +107,11 @@ def test_load_and_bad_arguments(tmp_path):
         checker.check(tmp_path / "nope.py")
     with pytest.raises(ValueError, match="world_size"):
         checker.check(SOLUTION, world_size=1)
-    with pytest.raises(ValueError, match="Không thấy file"):
-        checker.main(["/khong/co/file.py"])
+    assert checker.main(["/khong/co/file.py"]) == 2
+
+
+def test_command_line_refuses_a_missing_or_broken_file(refuses_without_starting):
+    refuses_without_starting("lab_d")
 
 
 def test_failed_launch_says_why():

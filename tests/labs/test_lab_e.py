@@ -96,6 +96,10 @@ def test_check_refuses_bad_arguments(tmp_path):
         checker.check(SOLUTION, world_size=1)
 
 
+def test_command_line_refuses_a_missing_or_broken_file(refuses_without_starting):
+    refuses_without_starting("lab_e")
+
+
 def test_one_launch_solution_passes_all_reduce_fails_bytes():
     good, bad = checker.check_files([SOLUTION, BROKEN["all_reduce"]], verbose=False)
     assert good.passed, str(good)

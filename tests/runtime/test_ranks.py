@@ -116,6 +116,39 @@ def test_ranks_in_a_kernel(tmp_path):
         km.shutdown_kernel(now=True)
 
 
+@pytest.fixture
+def shell():
+    """An IPython shell in this process with the magics loaded: a misuse answered before any
+    rank starts needs no kernel."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"  # leaves no history file behind
+    sh = InteractiveShell.instance(config=config)
+    sh.run_line_magic("load_ext", "dpbook.ranks")
+    try:
+        yield sh
+    finally:
+        ranks.stop()
+        InteractiveShell.clear_instance()
+
+
+@pytest.mark.parametrize("line, says", [
+    ("%ranks start 0", "world_size phải là số nguyên >= 1"),
+    ("%ranks start 2 --backend mpi", "backend='mpi' không hợp lệ"),
+    ("%ranks pull x", "hãy gọi %ranks start trước"),
+    ("%%ranks\nprint(1)", "hãy gọi %ranks start trước"),
+], ids=["start-0", "backend-mpi", "pull", "cell"])
+def test_a_misuse_is_one_vietnamese_line(shell, capsys, line, says):
+    result = shell.run_cell(line)
+    seen = capsys.readouterr()
+    text = (seen.out + seen.err).strip()
+    assert isinstance(result.error_in_exec, ranks.RanksError), text
+    assert "Traceback" not in text and len(text.splitlines()) == 1 and says in text, text
+    assert ranks._current is None  # nothing started
+
+
 def test_a_rank_outputs_are_labelled(capsys):
     outputs = [ranks.RankOutput(0, "a\nb\n", "", "3", None), ranks.RankOutput(1, "c\n", "", None, None)]
     ranks.show(outputs)

@@ -46,16 +46,40 @@ class Verdict:
                 f"==> {'ĐẠT' if self.passed else 'CHƯA ĐẠT'}: {ok}/{len(self.items)} mục."]
 
 
-def command_line(argv, lab: str, description: str, file_help: str, run, timeout: float) -> int:
+def command_line(argv, lab: str, description: str, file_help: str, run, timeout: float,
+                 min_nproc: int = 1) -> int:
     """``python -m dpbook.labs.<lab>.checker FILE [--nproc N] [--timeout S]``: every lab's
-    checker takes the same options; exit status 0 if every check passes, 1 otherwise.
+    checker takes the same options; exit status 0 if every check passes, 1 otherwise, 2 when
+    the file cannot be checked at all (``preflight``: one line on stderr, no traceback).
     ``run(file, nproc, timeout)`` returns the lab's ``Result``."""
     import argparse
+    import sys
+
+    from .preflight import SubmissionError
+
+    def checked(kind, ok, wanted):
+        def parse(text):
+            try:
+                value = kind(text)
+            except ValueError:
+                value = None
+            if value is None or not ok(value):
+                raise argparse.ArgumentTypeError(f"cần {wanted}, nhận được {text!r}")
+            return value
+        return parse
 
     parser = argparse.ArgumentParser(prog=f"python -m dpbook.labs.{lab}.checker",
                                      description=description)
     parser.add_argument("file", help=file_help)
-    parser.add_argument("--nproc", type=int, default=2, help="số process, mỗi rank một (mặc định 2)")
-    parser.add_argument("--timeout", type=float, default=timeout, help="thời hạn, giây")
+    parser.add_argument("--nproc", default=2, help=f"số process, mỗi rank một (mặc định 2, ít "
+                        f"nhất {min_nproc})", type=checked(int, lambda n: n >= min_nproc,
+                                                          f"số nguyên >= {min_nproc}"))
+    parser.add_argument("--timeout", default=timeout, help="thời hạn, giây",
+                        type=checked(float, lambda t: 0 < t < float("inf"),
+                                        "số giây dương, hữu hạn"))
     args = parser.parse_args(argv)
-    return 0 if run(args.file, args.nproc, args.timeout).passed else 1
+    try:
+        return 0 if run(args.file, args.nproc, args.timeout).passed else 1
+    except SubmissionError as exc:
+        print(exc, file=sys.stderr)
+        return 2

@@ -25,7 +25,7 @@ import torch
 
 from ... import torchrun, vi
 from ...checks import int_at_least
-from .. import report
+from .. import preflight, report
 from ..report import Item, Verdict
 from . import GIVEN
 from .common import NUM_SAMPLES, TRACE_ENV, build_model, read_traces
@@ -178,14 +178,28 @@ def check_set_epoch(traces: dict[int, list[int]], epochs: int) -> Item:
     return Item("set_epoch", title, True, f"{epochs} epoch, {epochs} thứ tự khác nhau")
 
 
-def check_weights(state: dict | None, ref: dict) -> tuple[Item, float | None]:
+_NO_CHECKPOINT = "không có checkpoint để so", "sửa mục Checkpoint ở trên trước."
+
+
+def _consequence(causes: tuple[Item, ...]) -> str | None:
+    """The hint of an item that only fails because an earlier one did: the first failed item
+    of ``causes`` is named, with its own hint. The final weights and loss differ whatever went
+    wrong upstream, so their own hint would name a cause the evidence does not show."""
+    cause = next((c for c in causes if not c.passed), None)
+    return None if cause is None else f"hệ quả của mục ✗ “{cause.title}” ở trên: {cause.hint}"
+
+
+def check_weights(state: dict | None, ref: dict, causes: tuple[Item, ...] = ()
+                  ) -> tuple[Item, float | None]:
     """Final weights against the reference (a ``module.`` prefix is ignored here: the
-    checkpoint item already reports it)."""
+    checkpoint item already reports it). ``causes``: the items on the data (split, order);
+    when one failed, the hint names it instead of guessing."""
     title = "Trọng số cuối khớp bản một process"
-    hint = ("batch mỗi rank phải là BATCH_SIZE // world_size, giữ nguyên seed, optimizer, lr; "
-            "mỗi rank một phần dữ liệu, thứ tự theo set_epoch.")
+    hint = _consequence(causes) or (
+        "batch mỗi rank phải là BATCH_SIZE // world_size, giữ nguyên seed, optimizer, lr; mỗi "
+        "rank một phần dữ liệu, thứ tự theo set_epoch.")
     if state is None:
-        return Item("weights", title, False, "không có checkpoint để so", hint), None
+        return Item("weights", title, False, *_NO_CHECKPOINT), None
     state = {k.removeprefix("module."): v for k, v in state.items()}
     if state.keys() != ref.keys():
         return Item("weights", title, False, "tên các tensor khác bản gốc", hint), None
@@ -194,15 +208,34 @@ def check_weights(state: dict | None, ref: dict) -> tuple[Item, float | None]:
     return Item("weights", title, diff <= TOL, detail, hint), diff
 
 
-def check_loss(loss: float | None, ref_loss: float) -> Item:
+def check_loss(loss: float | None, ref_loss: float, causes: tuple[Item, ...] = (),
+               has_checkpoint: bool = True) -> Item:
+    """The saved final loss against the reference. ``causes``: the items it follows from (data
+    split, order, final weights): a loss computed from other weights differs however it was
+    computed, so only when they all passed does the hint blame the computation itself."""
     title = "Giá trị mất mát cuối khớp bản một process"
-    hint = ("giá trị mất mát lưu trong checkpoint là evaluate(model.module, dataset), tính "
-            "trên rank 0 sau khi huấn luyện xong.")
+    how = ("giá trị mất mát lưu trong checkpoint là evaluate(model.module, dataset) trên toàn bộ "
+           "tập dữ liệu, tính trên rank 0 sau khi huấn luyện xong.")
+    if not has_checkpoint:
+        return Item("loss", title, False, *_NO_CHECKPOINT)
     if not isinstance(loss, float):
         return Item("loss", title, False,
-                    f"checkpoint không có giá trị mất mát kiểu float ({loss!r})", hint)
+                    f"checkpoint không có giá trị mất mát kiểu float ({loss!r})", how)
     ok = abs(loss - ref_loss) <= TOL * max(1.0, abs(ref_loss))
+    hint = _consequence(causes) or f"trọng số đã khớp, vậy giá trị mất mát được tính khác: {how}"
     return Item("loss", title, ok, f"{vi.number(loss, 9)} so với {vi.number(ref_loss, 9)}", hint)
+
+
+def judge(code: int | None, output: str, epochs: int, world: int, ckpt_item: Item,
+          state: dict | None, loss, traces: dict[int, list[int]], ref: Reference
+          ) -> tuple[tuple[Item, ...], float | None]:
+    """The items of one run from what it left (pure: no process), and the largest weight
+    difference. The weights and the loss are judged knowing the items on the data, so that
+    their hints name the cause that the traces show."""
+    data = (check_split(traces, NUM_SAMPLES, world, epochs), check_set_epoch(traces, epochs))
+    weights, diff = check_weights(state, ref.state, data)
+    return (check_exit(code), check_log(output, epochs), ckpt_item, *data, weights,
+            check_loss(loss, ref.loss, (*data, weights), state is not None)), diff
 
 
 def _run(script: Path, nproc: int, epochs: int, timeout: float, out: str, trace: str,
@@ -225,9 +258,7 @@ def check(script: str | os.PathLike, nproc_per_node: int = 2, epochs: int = 3,
     that picks NCCL when it sees GPUs runs on the CPU."""
     int_at_least("nproc_per_node", nproc_per_node)
     int_at_least("epochs", epochs, 2)  # set_epoch shows only from the second epoch on
-    script = Path(script).resolve()
-    if not script.is_file():
-        raise ValueError(f"Không thấy file script {str(script)!r}.")
+    script = preflight.source(script)
     ref = reference(epochs, timeout)
     out, trace = tempfile.mkdtemp(prefix="lab-a-out-"), tempfile.mkdtemp(prefix="lab-a-trace-")
     try:
@@ -236,10 +267,8 @@ def check(script: str | os.PathLike, nproc_per_node: int = 2, epochs: int = 3,
         traces = read_traces(trace)
     finally:
         shutil.rmtree(out, ignore_errors=True), shutil.rmtree(trace, ignore_errors=True)
-    weights_item, diff = check_weights(state, ref.state)
-    items = (check_exit(code), check_log(output, epochs), ckpt_item,
-             check_split(traces, NUM_SAMPLES, nproc_per_node, epochs),
-             check_set_epoch(traces, epochs), weights_item, check_loss(loss, ref.loss))
+    items, diff = judge(code, output, epochs, nproc_per_node, ckpt_item, state, loss, traces,
+                        ref)
     result = Result(str(script), nproc_per_node, items, output, diff,
                     loss if isinstance(loss, float) else None)
     if verbose:
@@ -249,8 +278,10 @@ def check(script: str | os.PathLike, nproc_per_node: int = 2, epochs: int = 3,
 
 def main(argv=None) -> int:
     """``python -m dpbook.labs.lab_a.checker FILE [--nproc N] [--timeout S]``."""
-    return report.command_line(argv, "lab_a", "Chấm Bài A: chạy script DDP của bạn bằng torchrun và so với script một GPU.",
-                               "đường dẫn tới script DDP của bạn", lambda f, n, t: check(f, nproc_per_node=n, timeout=t), 300.0)
+    return report.command_line(
+        argv, "lab_a", "Chấm Bài A: chạy script DDP của bạn bằng torchrun và so với script một "
+        "GPU.", "đường dẫn tới script DDP của bạn",
+        lambda f, n, t: check(f, nproc_per_node=n, timeout=t), 300.0)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ... import buckets, launch, vi
 from ...measure import CommLog
-from .. import report
+from .. import preflight, report
 from ..report import Item, Verdict
 from . import NAMES, common, load
 
@@ -350,10 +350,7 @@ def check_files(paths, world_size: int = 2, timeout: float = 120.0, verbose: boo
                 backend: str = "auto") -> list[Result]:
     """Judge several files in ONE launch of ``world_size`` ranks; print each report if
     ``verbose``."""
-    paths = [str(Path(p).resolve()) for p in paths]
-    for p in paths:
-        if not Path(p).is_file():
-            raise ValueError(f"Không thấy file {p!r}: cần đường dẫn tới file .py của bạn.")
+    paths = [str(preflight.source(p)) for p in paths]
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
         raise ValueError(f"world_size phải là số nguyên >= 2 (một vòng cần ít nhất hai rank), "
                          f"nhận được {world_size!r}.")
@@ -378,8 +375,9 @@ def check(path: str | os.PathLike, world_size: int = 2, timeout: float = 120.0,
 
 def main(argv=None) -> int:
     """``python -m dpbook.labs.lab_d.checker FILE [--nproc N] [--timeout S]``."""
-    return report.command_line(argv, "lab_d", "Chấm Bài D: chạy ring_all_reduce và MyDDP của bạn trên nhiều rank, so với PyTorch.",
-                               "đường dẫn tới file .py của bạn", check, 120.0)
+    return report.command_line(
+        argv, "lab_d", "Chấm Bài D: chạy ring_all_reduce và MyDDP của bạn trên nhiều rank, so "
+        "với PyTorch.", "đường dẫn tới file .py của bạn", check, 120.0, min_nproc=2)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from ... import vi
 from ...checks import int_at_least
-from .. import report
+from .. import preflight, report
 from ..report import Item, Verdict
 from . import build_model, units
 
@@ -489,10 +489,7 @@ def check_files(paths, world_size: int = 2, timeout: float = 180.0, verbose: boo
     from ...launch import plan, spawn
 
     int_at_least("world_size", world_size, 2)
-    paths = [str(Path(p).resolve()) for p in paths]
-    for p in paths:
-        if not Path(p).is_file():
-            raise ValueError(f"Không thấy file {p!r}.")
+    paths = [str(preflight.source(p)) for p in paths]
     device_type = plan(world_size, backend).device_type
     per_rank = spawn(run_checks, paths, device_type, world_size=world_size, backend=backend,
                      timeout=timeout, output="rank0")
@@ -513,8 +510,10 @@ def check(path, world_size: int = 2, timeout: float = 180.0, verbose: bool = Tru
 
 def main(argv=None) -> int:
     """``python -m dpbook.labs.lab_e.checker FILE [--nproc N] [--timeout S]``."""
-    return report.command_line(argv, "lab_e", "Chấm Bài E: ShardedOptimizer (ZeRO-1) và fully_shard_scratch (FSDP) của bạn.",
-                               "file Python định nghĩa ShardedOptimizer và fully_shard_scratch", check, 300.0)
+    return report.command_line(
+        argv, "lab_e", "Chấm Bài E: ShardedOptimizer (ZeRO-1) và fully_shard_scratch (FSDP) của "
+        "bạn.", "file Python định nghĩa ShardedOptimizer và fully_shard_scratch", check, 300.0,
+        min_nproc=2)
 
 
 if __name__ == "__main__":
