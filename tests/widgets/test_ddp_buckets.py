@@ -251,6 +251,16 @@ def test_svg_valid_vietnamese_and_labelled_with_its_source():
     assert 'class="dpb-player dpb-present"' in player.to_html()
     cmp = ddp_buckets.comparison_player()
     assert "Vì sao gom gradient thành bucket?" in _texts_any(cmp.frames[0].svg)
+    # a build-up in the chapter's order: one way more per frame, all three on the last
+    shown = [[w for w in ("1. Một AllReduce sau backward", "2. Mỗi tham số một AllReduce",
+                          "3. Bucket") if w in _texts_any(f.svg)] for f in cmp.frames]
+    assert [len(s) for s in shown] == [1, 2, 3]
+    assert cmp.frames[-1].caption.startswith("3. Bucket") and "Nhanh nhất: bucket" in \
+        cmp.frames[-1].caption
+    params, order = ddp_buckets.demo_params()
+    c = overlap.compare_strategies(params, buckets.cap_limits(0.1), order)
+    with pytest.raises(ValueError, match="shown"):
+        ddp_buckets.comparison_svg(c, 4)
 
 
 def _texts_any(svg):

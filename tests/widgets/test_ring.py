@@ -50,7 +50,7 @@ def test_player_html_is_self_contained_and_small():
     assert "http://" not in html.replace("http://www.w3.org/2000/svg", "")
     assert "https://" not in html and "<script src" not in html
     assert len(html.encode()) < 1_000_000
-    assert 'class="dpb-player dpb-present"' in html
+    assert 'class="dpb-player dpb-present dpb-lecture"' in html  # one screen, no scrolling
 
 
 def test_rebuild_is_fast():

@@ -1,6 +1,7 @@
 """``python -m dpbook.widgets export DIR``: every animation as a standalone HTML file, plus an
 index page in teaching order, in presentation mode by default. The files need no Jupyter and
-no network: copy the folder to a USB stick and open ``index.html`` in any browser."""
+no network: copy the folder to a USB stick and open ``index.html`` in any browser. Each page
+fills one screen (no scrolling at 1920 × 1080) and links back to the index."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pathlib
 from typing import Callable
 
 from .player import Player
+
+INDEX = "index.html"  # every exported page links back to it
 
 
 def catalogue() -> list[tuple[str, str, Callable[[bool], Player]]]:
@@ -42,10 +45,10 @@ def export(directory: str | pathlib.Path, presentation: bool = True) -> list[pat
     written, items = [], []
     for stem, title, factory in catalogue():
         path = out / f"{stem}.html"
-        path.write_text(factory(presentation).standalone_html(), encoding="utf-8")
+        path.write_text(factory(presentation).standalone_html(home=INDEX), encoding="utf-8")
         written.append(path)
         items.append(f'<li><a href="{stem}.html">{html.escape(title)}</a></li>')
-    index = out / "index.html"
+    index = out / INDEX
     index.write_text(
         '<!DOCTYPE html><html lang="vi"><head><meta charset="utf-8">'
         "<title>Hình động — Chương 4: Data parallelism</title>"

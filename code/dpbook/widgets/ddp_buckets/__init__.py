@@ -111,13 +111,25 @@ def live(build, **ctl):  # indirection so tests can import this module without i
 
 def comparison_player(bucket_cap_mb: float | None = 0.1, presentation: bool = False,
                       **model) -> Player:
-    """``compare_strategies`` on the demo model, as a one-frame player."""
+    """``compare_strategies`` on the demo model, built up one way per frame in the order the
+    chapter teaches them: one AllReduce after backward, one per parameter, then buckets (the
+    last frame shows all three and names the fastest)."""
     params, order = demo_params()
     c = compare_strategies(params, cap_limits(bucket_cap_mb), order, **model)
     names = {"per_param": "mỗi tham số một AllReduce", "buckets": "bucket",
              "no_overlap": "một AllReduce sau backward"}
-    caption = (f"Nhanh nhất: {names[c.best]}. Mỗi AllReduce tốn một độ trễ cố định, nên "
-               f"{c.n_per_param} AllReduce nhỏ cộng lại đắt; một AllReduce duy nhất thì phải "
-               "chờ backward xong mới chạy. Bucket vừa ít lần gửi vừa chồng lên backward.")
-    return Player([Frame(comparison_svg(c), caption)], title="So sánh ba cách đồng bộ gradient",
-                  presentation=presentation)
+    than = "chậm hơn" if c.per_param > c.no_overlap else "nhanh hơn"
+    captions = (
+        f"1. Một AllReduce sau backward: {vi.ms(c.no_overlap)}. Độ trễ cố định chỉ trả một lần, "
+        "nhưng AllReduce phải chờ backward xong mới bắt đầu: không byte nào được giấu sau "
+        "tính toán.",
+        f"2. Mỗi tham số một AllReduce ({c.n_per_param} lần): {vi.ms(c.per_param)}, {than} "
+        "cách 1. Mỗi AllReduce được phát ngay khi gradient của tham số đó xong, chồng lên "
+        f"backward, nhưng mỗi lần tốn một độ trễ cố định, {c.n_per_param} lần cộng lại.",
+        f"3. Bucket ({c.n_buckets} lần): {vi.ms(c.buckets)}. Nhanh nhất: {names[c.best]}. "
+        f"Mỗi AllReduce tốn một độ trễ cố định, nên {c.n_per_param} AllReduce nhỏ cộng lại đắt; "
+        "một AllReduce duy nhất thì phải chờ backward xong mới chạy. Bucket vừa ít lần gửi vừa "
+        "chồng lên backward.",
+    )
+    frames = [Frame(comparison_svg(c, k + 1), text) for k, text in enumerate(captions)]
+    return Player(frames, title="So sánh ba cách đồng bộ gradient", presentation=presentation)

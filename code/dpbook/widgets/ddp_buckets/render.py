@@ -236,18 +236,26 @@ def _kib(n: int) -> str:
     return f"{vi.number(n / 1024, 1)} KiB"
 
 
-def comparison_svg(c: Comparison) -> str:
-    """Three bars: step time with one AllReduce per parameter, with buckets, without overlap."""
+COMPARISON_ROWS = 3
+
+
+def comparison_svg(c: Comparison, shown: int = COMPARISON_ROWS) -> str:
+    """Step time of the three ways, in the order the chapter teaches them (one AllReduce after
+    backward, one per parameter, buckets); the first ``shown`` bars are drawn, on one scale, so
+    that a build-up adds a bar per frame and nothing else moves."""
+    if not 1 <= shown <= COMPARISON_ROWS:
+        raise ValueError(f"shown phải từ 1 đến {COMPARISON_ROWS}, nhận được {shown!r}.")
     s = Svg(W, 270, "So sánh ba cách đồng bộ gradient")
     s.text(20, 26, "Vì sao gom gradient thành bucket?", cls="t-big", anchor="start",
            weight="bold")
     s.text(20, 56, c.label, cls="t-small", anchor="start")
-    rows = ((f"Mỗi tham số một AllReduce ({c.n_per_param} lần)", c.per_param, PALETTE["purple"]),
-            (f"Bucket {vi.number(c.cap / MIB, 2)} MiB ({c.n_buckets} lần)", c.buckets,
-             PALETTE["green"]),
-            ("Một AllReduce sau backward", c.no_overlap, PALETTE["vermillion"]))
+    rows = (("1. Một AllReduce sau backward", c.no_overlap, PALETTE["vermillion"]),
+            (f"2. Mỗi tham số một AllReduce ({c.n_per_param} lần)", c.per_param,
+             PALETTE["purple"]),
+            (f"3. Bucket {vi.number(c.cap / MIB, 2)} MiB ({c.n_buckets} lần)", c.buckets,
+             PALETTE["green"]))
     end = max(r[1] for r in rows) * 1.2
-    for k, (text, t, col) in enumerate(rows):
+    for k, (text, t, col) in enumerate(rows[:shown]):
         y = 84 + 58 * k
         s.text(20, y + 18, text, cls="t", anchor="start")
         w = 520 * t / end

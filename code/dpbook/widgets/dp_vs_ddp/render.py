@@ -25,7 +25,8 @@ def _box(n: int, k: int) -> tuple[float, float]:
 def render(step: Step, index: int, total: int, top: float) -> str:
     """Both sides of one step; ``top`` is the traffic scale shared by every step."""
     svg = Svg(W, 2 * PANEL_H + 100, f"Bước {index + 1}/{total}: {step.phase}")
-    svg.text(W / 2, 22, f"Bước {index + 1}/{total} · {step.phase}", cls="t-big", weight="bold")
+    # the phase only: the player's counter numbers the frames (one counter, not two)
+    svg.text(W / 2, 22, step.phase, cls="t-big", weight="bold")
     n = len(step.dp.activity)
     _panel(svg, 40, step.dp, f"DataParallel (DP): 1 process, {n} luồng, một GIL chung", "luồng",
            top)

@@ -13,7 +13,8 @@ def render(f: RingFrame) -> str:
     n = f.world_size
     row_h = min(70.0, 460.0 / n)
     box_w, box_h, x0, y0 = min(60.0, 440.0 / n), row_h * 0.62, 120.0, 70.0
-    svg = Svg(1000, y0 + n * row_h + 150, "Ring AllReduce, từng bước")
+    # below the grid: the legend (three rows, 85 units) and a margin
+    svg = Svg(1000, y0 + n * row_h + 105, "Ring AllReduce, từng bước")
     svg.text(20, 25, _title(f), cls="t-big", anchor="start", weight="bold")
     for r in range(n):
         y = y0 + r * row_h
@@ -38,7 +39,9 @@ def render(f: RingFrame) -> str:
 def _title(f: RingFrame) -> str:
     names = {"start": "trạng thái ban đầu", "reduce-scatter": "pha 1: reduce-scatter",
              "all-gather": "pha 2: all-gather"}
-    return f"Ring AllReduce, N = {f.world_size}: bước {f.step}/{2 * (f.world_size - 1)} ({names[f.phase]})"
+    # No step number: the player's counter is the only one (two counters would disagree: the
+    # ring counts its steps from 0, the player its frames from 1).
+    return f"Ring AllReduce, N = {f.world_size}: {names[f.phase]}"
 
 
 def _draw_send(svg, e, x0, y0, box_w, box_h, row_h, n) -> None:
