@@ -76,6 +76,38 @@ def _run_until_output(page, selector: str, seconds: float = 90):
                 raise
 
 
+def _dismiss_news(page) -> None:
+    """JupyterLab 4.5 asks once whether to fetch Jupyter's news; its toast can cover the slider."""
+    no = page.locator(".jp-Notification-Toast button:has-text('No')")
+    if no.count():
+        no.first.click()
+
+
+def _assert_myst_rendered(page) -> None:
+    """The chapter's MyST is rendered by jupyterlab-myst, not shown raw: no role or directive
+    markup left in the cells it rendered (``.myst``: {term}, {doc}, fences), the roles are links."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    raw_js = """() => {
+        const cells = [...document.querySelectorAll('.jp-MarkdownCell .myst')];
+        const text = cells.map(c => c.innerText).join('\\n');
+        return cells.length > 0 && !['{term}', '{doc}', '{ref}', '{cite}', ':::', '```{']
+            .some(m => text.includes(m));
+    }"""
+    try:  # jupyterlab-myst renders the cells asynchronously, after the notebook shows
+        page.wait_for_function(raw_js, timeout=60_000)
+    except PlaywrightTimeout:
+        text = "\n".join(page.locator(".jp-MarkdownCell .myst").all_inner_texts())
+        left = {m: text[max(0, text.index(m) - 40):text.index(m) + 60]
+                for m in ("{term}", "{doc}", "{ref}", "{cite}", ":::", "```{") if m in text}
+        raise AssertionError(f"MyST vẫn ở dạng thô trong JupyterLab sau 60 s: {left}") from None
+    links = page.locator(".jp-MarkdownCell .myst a").all_inner_texts()
+    assert "data parallelism" in links, links  # the first cell's {term} role
+    shots = ROOT / "_build" / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(shots / "make-lab-myst.png"))
+
+
 @pytest.fixture
 def lab(tmp_path):
     """``make lab`` on a free port with a token, its state kept out of the home folder."""
@@ -128,6 +160,7 @@ def test_make_lab_opens_the_chapter_with_a_working_kernel(lab):
                                timeout=60_000)
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
                                timeout=60_000)
+        _assert_myst_rendered(page)
         # A working kernel: a cell that uses the package, and a live ipywidgets control.
         # A workspace of its own: this notebook is the only one open.
         page.goto(f"{base}/lab/workspaces/kiem-tra/tree/_build/lab-check/kiem-tra.ipynb"
@@ -146,6 +179,7 @@ def test_make_lab_opens_the_chapter_with_a_working_kernel(lab):
         assert f"python: {venv}" in out.inner_text(), out.inner_text()
         # A live control: moving the slider runs the function again in the kernel.
         page.wait_for_selector(".jp-OutputArea-output:has-text('n × 10 = 30')", timeout=30_000)
+        _dismiss_news(page)
         page.click(".widget-slider .noUi-handle")
         page.keyboard.press("ArrowRight")
         page.wait_for_selector(".jp-OutputArea-output:has-text('n × 10 = 40')", timeout=30_000)
