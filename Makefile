@@ -4,9 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # Which PyTorch build to install, for the version pinned in constraints.txt:
-#   (empty, the default) whatever pip finds for that version: the CPU wheel that lies on the
-#       reference machine's disk, PyPI's CUDA build on a Linux GPU box (macOS and Windows wheels
-#       on PyPI have no CUDA anyway);
+#   (empty, the default) whatever pip finds for that version: the CPU wheel where one lies in
+#       pip's find-links (the reference machine), otherwise PyPI's wheel, which on Linux is the
+#       CUDA build, GPU or not (macOS and Windows wheels on PyPI have no CUDA anyway);
 #   TORCH=cpu  PyTorch's CPU-only build from its own index, for a Linux laptop without an NVIDIA
 #       GPU: PyPI's Linux wheel is the CUDA build and pulls several GB of CUDA libraries.
 #       `make test TORCH=cpu` (or `make book TORCH=cpu`, `make setup TORCH=cpu`); an existing
