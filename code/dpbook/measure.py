@@ -4,7 +4,12 @@
   level through a ``TorchDispatchMode``, and every point-to-point ``send`` (as collective
   ``"send"``, its bytes those of the tensor sent; ``volume()`` leaves sends out). That level sees DDP's reducer, FSDP1 and FSDP2 alike
   (FSDP2 calls the c10d operators directly, so patching ``torch.distributed.*`` functions would
-  miss it).
+  miss it). It observes *what was called*; the bytes it attaches to a call
+  (``CommRecord.ring_share_bytes``, ``volume()``) are the ring formula of ``costs``, not a
+  measurement.
+* ``WireBytes``: bytes measured where they travel on a gloo rank, from the kernel's counters of
+  this process's own TCP connections (``TCP_INFO``). ``gloo_wire_bytes`` is the model it is
+  checked against: gloo's algorithms as its source writes them, message headers included.
 * ``state_bytes``: parameters, gradients and optimizer state a rank holds, by local size (a
   DTensor shard or an FSDP1 flat shard counts for what this rank stores).
 * ``peak_memory``: CUDA's allocator statistics on GPU, PyTorch's ``MemTracker`` on CPU.
@@ -14,6 +19,12 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import socket
+import struct
+import sys
+import termios
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -51,6 +62,14 @@ def _tensor_bytes(obj) -> int:
     return 0
 
 
+def _element_size(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return next((s for s in map(_element_size, obj) if s), 0)
+    return 0
+
+
 @dataclass(frozen=True)
 class CommRecord:
     """One collective: its kind, full tensor bytes, group size and the pass it ran in."""
@@ -61,14 +80,22 @@ class CommRecord:
     group_size: int
     phase: str  # "forward" (outside autograd) or "backward" (inside the autograd engine)
     group_ranks: tuple[int, ...] = ()  # global ranks of its process group (hybrid: which group)
+    element_size: int = 4  # bytes per element of its tensors (gloo's segments are whole elements)
 
     @property
-    def sent_bytes(self) -> float:
-        """What this rank sends for it: the tensor of a ``send``, else the ring algorithm's
-        share of a collective."""
+    def ring_share_bytes(self) -> float:
+        """A formula, not a measurement: the bytes this rank would send for this call under the
+        ring algorithm (NCCL's ring; ``costs.ring_bytes``), or the tensor of a ``send``.
+        Bytes measured on the wire: ``WireBytes``; gloo's own algorithm: ``gloo_wire_bytes``."""
         if self.collective == "send":
             return float(self.nbytes)
         return ring_bytes(self.collective, self.nbytes, self.group_size)
+
+    @property
+    def sent_bytes(self) -> float:
+        """Deprecated name of ``ring_share_bytes`` (same value): the ring *formula* applied to
+        what was called, not bytes measured on the wire."""
+        return self.ring_share_bytes
 
 
 def bytes_by_group(sends) -> dict[tuple[int, ...], dict[str, float]]:
@@ -102,20 +129,253 @@ class CommLog(TorchDispatchMode):
         bound = dict(zip((a.name for a in func._schema.arguments), args)) | kwargs
         group = torch.distributed.ProcessGroup.unbox(bound["process_group"])
         in_backward = torch._C._current_graph_task_id() != -1
-        self.records.append(CommRecord(name, collective, _tensor_bytes(bound[tensor_arg]),
+        tensors = bound[tensor_arg]
+        self.records.append(CommRecord(name, collective, _tensor_bytes(tensors),
                                        group.size(), "backward" if in_backward else "forward",
-                                       tuple(torch.distributed.get_process_group_ranks(group))))
+                                       tuple(torch.distributed.get_process_group_ranks(group)),
+                                       _element_size(tensors) or 4))
 
     def volume(self) -> StepVolume:
-        """The records summed in the shape ``costs`` predicts (bytes one rank sends)."""
+        """The records summed in the shape ``costs`` predicts: the ring *formula*'s bytes one
+        rank sends (``CommRecord.ring_share_bytes``), not bytes measured on the wire."""
         sums = {"all_gather_forward": 0.0, "all_gather_backward": 0.0, "reduce_scatter": 0.0,
                 "all_reduce": 0.0}
         for r in self.records:
             if r.collective == "all_gather":
-                sums[f"all_gather_{r.phase}"] += r.sent_bytes
+                sums[f"all_gather_{r.phase}"] += r.ring_share_bytes
             elif r.collective in sums:
-                sums[r.collective] += r.sent_bytes
+                sums[r.collective] += r.ring_share_bytes
         return StepVolume(**sums)
+
+
+# --- Bytes on the wire: the kernel's TCP counters of this process's own sockets --------------
+
+# Byte offsets in ``struct tcp_info`` (Linux ``include/uapi/linux/tcp.h``), checked with
+# ``offsetof`` against the header and by a known-size send over loopback TCP (the tests).
+TCPI_BYTES_ACKED = 120  # __u64 tcpi_bytes_acked: data bytes the peer acknowledged (Linux 4.1+)
+TCPI_BYTES_RECEIVED = 128  # __u64 tcpi_bytes_received: data bytes received (Linux 4.1+)
+TCPI_BYTES_SENT = 200  # __u64 tcpi_bytes_sent: transmitted, retransmissions too (Linux 4.19+)
+_TCP_LISTEN = 10  # tcpi_state (offset 0) of a listening socket: it carries no data
+
+
+@dataclass(frozen=True)
+class WireCount:
+    """TCP payload bytes (no TCP/IP headers) one rank sent and received on its connections."""
+
+    sent: int
+    received: int
+    connections: int = 0  # TCP connections counted
+
+    def __add__(self, other: "WireCount") -> "WireCount":
+        return WireCount(self.sent + other.sent, self.received + other.received,
+                         max(self.connections, other.connections))
+
+
+def store_ports() -> set[int]:
+    """Ports of a ``TCPStore`` this process talks to (``MASTER_PORT``, the default group's
+    store): their connections carry rendezvous traffic, not collectives, and are left out."""
+    ports = {int(os.environ["MASTER_PORT"])} if os.environ.get("MASTER_PORT", "").isdigit() else set()
+    if dist.is_available() and dist.is_initialized():
+        store = dist.distributed_c10d._get_default_store()
+        while store is not None and not isinstance(store, dist.TCPStore):
+            store = getattr(store, "underlying_store", None)
+        if store is not None:
+            ports.add(store.port)
+    return ports
+
+
+def _socket_fds():
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            yield int(name), target
+
+
+def _connection(fd: int, skip_ports: set[int]) -> tuple[int, int, int] | None:
+    """``(bytes acknowledged by the peer, bytes written but not yet acknowledged (SIOCOUTQ),
+    bytes received)`` of the TCP connection behind ``fd``, or None when it is not one to count
+    (a Unix socket, a listening socket, a connection to a store)."""
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return None
+    # A default socket timeout would make the new object set O_NONBLOCK, a flag the duplicate
+    # shares with the original: put the original's flags back.
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+    with sock:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+            return None
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+            if len(info) < TCPI_BYTES_RECEIVED + 8 or info[0] == _TCP_LISTEN:
+                return None
+            if {sock.getsockname()[1], sock.getpeername()[1]} & skip_ports:
+                return None
+            queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+        except OSError:
+            return None
+    acked, received = struct.unpack_from("QQ", info, TCPI_BYTES_ACKED)
+    return acked, queued, received
+
+
+def tcp_snapshot(skip_ports: set[int] | None = None) -> dict[str, tuple[int, int, int]]:
+    """``{socket inode: (acknowledged, queued, received)}`` bytes of this process's TCP
+    connections (``store_ports`` left out unless ``skip_ports`` is given)."""
+    skip = store_ports() if skip_ports is None else skip_ports
+    out = {}
+    for fd, inode in _socket_fds():
+        counters = _connection(fd, skip)
+        if counters is not None:
+            out[inode] = counters
+    return out
+
+
+def wire_unavailable() -> str | None:
+    """Why this rank's bytes cannot be counted on its sockets, or None when they can."""
+    if not sys.platform.startswith("linux"):
+        return f"đếm byte trên socket cần TCP_INFO của Linux; hệ điều hành này là {sys.platform}."
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() != "gloo":
+        return (f"backend {dist.get_backend()} không gửi dữ liệu qua socket TCP của process "
+                "(NVLink, PCIe, InfiniBand): con số hiển thị là công thức vòng, còn "
+                "`make gpu-check` đo băng thông bus bằng thời gian.")
+    return None
+
+
+class WireBytes:
+    """``with WireBytes() as wire: ...`` then ``wire.count``: a ``WireCount`` of the TCP bytes
+    this process sent and received inside the block (on a gloo rank: every collective's
+    traffic, message headers included), or None where that cannot be counted (``wire.why``).
+
+    On exit it waits (at most ``settle`` seconds) until the peers have acknowledged every byte
+    written, so the count is of bytes delivered; bytes still queued after that are counted as
+    sent. A connection opened inside the block counts from zero; one closed inside it is lost.
+    Connections to a ``TCPStore`` (``store_ports``) are left out.
+    """
+
+    def __init__(self, settle: float = 5.0) -> None:
+        self.settle = settle
+        self.count: WireCount | None = None
+        self.why: str | None = None
+
+    def __enter__(self) -> "WireBytes":
+        self.why = wire_unavailable()
+        if self.why is None:
+            self._skip = store_ports()
+            self._start = tcp_snapshot(self._skip)
+        return self
+
+    def _settled(self) -> dict[str, tuple[int, int, int]]:
+        deadline, pause = time.monotonic() + self.settle, 0.0005
+        while True:
+            end = tcp_snapshot(self._skip)
+            if not any(queued for _, queued, _ in end.values()) or time.monotonic() > deadline:
+                return end
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+
+    def __exit__(self, *exc) -> None:
+        if self.why is not None:
+            return
+        end = self._settled()
+        sent = received = 0
+        for inode, (acked, queued, got) in end.items():
+            acked0, queued0, got0 = self._start.get(inode, (0, 0, 0))
+            sent += (acked + queued) - (acked0 + queued0)
+            received += got - got0
+        self.count = WireCount(sent, received, len(end))
+
+
+# --- What gloo puts on the wire: a model read from gloo's source ------------------------------
+
+# gloo/transport/tcp/pair.h, ``Op::preamble``: six size_t before every message. A send of L
+# bytes (pair.cc, ``Pair::send``) writes NOTIFY_SEND_READY (a preamble) and, once the peer has
+# posted its receive and said so with NOTIFY_RECV_READY (a preamble), SEND_UNBOUND_BUFFER (a
+# preamble and the L bytes). So a sender writes 96 + L bytes, the receiver 48.
+GLOO_PREAMBLE = 48
+GLOO_MAX_SEGMENT = 1 << 20  # gloo/allreduce.h, AllreduceOptionsImpl::kMaxSegmentSize
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def gloo_ring_allreduce(nbytes: int, world_size: int, rank: int, element_size: int = 4):
+    """Payload lengths rank ``rank`` sends and receives in gloo's ``allreduce`` (gloo/allreduce.cc,
+    ``ring``): the buffer cut into ``world_size * k`` segments of at most 1 MiB (at least two per
+    rank), a reduce-scatter pass then an allgather pass around the ring, each forwarding all but
+    the rank's own segments; segments past the end of the buffer are shorter or skipped."""
+    n = world_size
+    max_seg = element_size * max(1, GLOO_MAX_SEGMENT // element_size)
+    segments = _round_up(max(-(-nbytes // max_seg), 2 * n), n)
+    per_rank = segments // n
+    seg = _round_up(-(-nbytes // segments), element_size)
+    span = segments * seg
+    sends, recvs = [], []
+    for send_first, recv_first in ((rank + 1, rank + 2), (rank, rank + 1)):  # the two passes
+        for i in range(segments - per_rank):
+            for first, out in ((send_first, sends), (recv_first, recvs)):
+                length = min(seg, nbytes - ((first * per_rank + i) * seg) % span)
+                if length > 0:
+                    out.append(length)
+    return sends, recvs
+
+
+def gloo_ring_allgather(out_bytes: int, world_size: int):
+    """gloo/allgather.cc, ``allgather``: each rank's block split in two halves, 2 (N-1) sends
+    and receives around the ring."""
+    block = out_bytes // world_size
+    halves = [block // 2, block - block // 2]
+    lengths = [halves[i % 2] for i in range(2 * (world_size - 1))]
+    return lengths, list(lengths)
+
+
+def gloo_broadcast(nbytes: int, world_size: int, rank: int, root: int = 0):
+    """gloo/broadcast.cc, ``broadcast``: a binomial tree from ``root``."""
+    vrank = (rank - root) % world_size
+    dim = max(1, (world_size - 1).bit_length())
+    mask, sends, recvs = (1 << dim) - 1, [], []
+    for i in range(dim):
+        mask ^= 1 << i
+        if vrank & mask or (vrank ^ (1 << i)) >= world_size:
+            continue
+        (recvs if vrank & (1 << i) else sends).append(nbytes)
+    return sends, recvs
+
+
+def gloo_wire_bytes(record: CommRecord, rank: int = 0) -> WireCount:
+    """What rank ``rank`` (its index in the record's group) puts on and takes off its sockets for
+    one collective under ProcessGroupGloo: gloo's algorithm plus its message headers. On gloo a
+    ReduceScatter is an AllReduce of the whole input followed by a local slice
+    (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, ``reduce_scatter_tensor_coalesced``)."""
+    n, size = record.group_size, record.nbytes
+    if n == 1:
+        return WireCount(0, 0)
+    if record.op in ("allreduce_", "allreduce_coalesced_", "_reduce_scatter_base_"):
+        sends, recvs = gloo_ring_allreduce(size, n, rank, record.element_size)
+    elif record.op in ("_allgather_base_", "allgather_", "allgather_into_tensor_coalesced_"):
+        sends, recvs = gloo_ring_allgather(size, n)
+    elif record.op == "broadcast_":
+        sends, recvs = gloo_broadcast(size, n, rank)
+    else:
+        raise ValueError(f"chưa có mô hình gloo cho toán tử {record.op!r}; có cho allreduce_, "
+                         "allreduce_coalesced_, _reduce_scatter_base_, _allgather_base_, "
+                         "allgather_, allgather_into_tensor_coalesced_, broadcast_.")
+    header = GLOO_PREAMBLE
+    return WireCount(sum(sends) + 2 * header * len(sends) + header * len(recvs),
+                     sum(recvs) + 2 * header * len(recvs) + header * len(sends))
+
+
+def gloo_step_wire(records, rank: int = 0) -> WireCount:
+    """``gloo_wire_bytes`` summed over the collectives of a step (``CommLog.records``)."""
+    total = WireCount(0, 0)
+    for r in records:
+        index = r.group_ranks.index(rank) if rank in r.group_ranks else rank
+        total = total + gloo_wire_bytes(r, index)
+    return WireCount(total.sent, total.received)
 
 
 def local_bytes(t: torch.Tensor) -> int:
