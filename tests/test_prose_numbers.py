@@ -130,7 +130,7 @@ def test_chapter_decision_rule_orients_with_the_ladder_of_4_1_8(chapter):
              "activation checkpointing", "CPU offload", "HYBRID_SHARD"]
     positions = [rule.index(r) for r in rungs]
     assert positions == sorted(positions)
-    assert "{doc}`p1/08-chon-ddp-hay-fsdp`" in rule and "chia mảnh trong một node vừa" in rule
+    assert "](p1/08-chon-ddp-hay-fsdp.ipynb)" in rule and "chia mảnh trong một node vừa" in rule
     assert "$" not in rule and "GB" not in rule  # no numbers derived here
 
 
