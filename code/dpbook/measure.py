@@ -483,19 +483,11 @@ def time_steps(step: Callable[[], None], repeats: int = 5, warmup: int = 1,
     return times
 
 
-def measure_step(rank: int, world_size: int, par=None, model_kwargs: dict | None = None,
-                 batch_size: int = 8, warmup: int = 2, repeats: int = 3) -> dict:
-    """Rank function for ``launch.spawn``: wrap a small MLP as ``par`` says, train it, and
-    measure one step after ``warmup`` steps (DDP rebuilds its buckets after the first step,
-    Adam creates its state at the first step).
-
-    Returns the collectives of that step, the state bytes right after ``optimizer.step()``
-    (gradients still present), the peak memory and the median step time, with the numbers the
-    formulas need (``num_params``, ``root_params``: parameters no ``Block`` owns).
-    """
+def _training_setup(rank: int, world_size: int, par, model_kwargs: dict | None,
+                    batch_size: int):
     from .data import rank_batch, synthetic_regression
     from .models import Block, build_mlp, num_params
-    from .train import Parallel, apply_parallel, train_step
+    from .train import Parallel, apply_parallel
 
     par = par or Parallel()
     model = build_mlp(**(model_kwargs or {}))
@@ -508,23 +500,66 @@ def measure_step(rank: int, world_size: int, par=None, model_kwargs: dict | None
                               model.head.out_features)
     dev = next(wrapped.parameters()).device
     x, y = rank_batch(ds.tensors, rank, batch_size, dev)
-    for _ in range(warmup):
-        train_step(wrapped, optimizer, x, y)
-    with CommLog() as log:
+    info = {"label": par.label, "backend": dist.get_backend(), "rank": rank,
+            "num_params": total_params, "root_params": root_params}
+    return wrapped, optimizer, x, y, info
+
+
+def _measured_step(wrapped, optimizer, x, y) -> tuple[CommLog, WireBytes]:
+    with WireBytes() as wire, CommLog() as log:
         torch.nn.functional.mse_loss(wrapped(x), y).backward()
         optimizer.step()
+    return log, wire
+
+
+def measure_traffic(rank: int, world_size: int, par=None, model_kwargs: dict | None = None,
+                    batch_size: int = 8, warmup: int = 2) -> dict:
+    """Rank function for ``launch.spawn``: the communication of one training step only (after
+    ``warmup`` steps), as ``measure_step`` reports it but without memory and timing: the
+    collectives (``records``), the ring formula's bytes (``volume``) and the bytes counted on
+    this rank's sockets (``wire``: a ``WireCount``, None off gloo; ``wire_why`` says why)."""
+    from .train import train_step
+
+    wrapped, optimizer, x, y, info = _training_setup(rank, world_size, par, model_kwargs,
+                                                     batch_size)
+    for _ in range(warmup):
+        train_step(wrapped, optimizer, x, y)
+    log, wire = _measured_step(wrapped, optimizer, x, y)
+    optimizer.zero_grad(set_to_none=True)
+    return info | {"volume": log.volume(), "records": log.records, "wire": wire.count,
+                   "wire_why": wire.why}
+
+
+def measure_step(rank: int, world_size: int, par=None, model_kwargs: dict | None = None,
+                 batch_size: int = 8, warmup: int = 2, repeats: int = 3) -> dict:
+    """Rank function for ``launch.spawn``: wrap a small MLP as ``par`` says, train it, and
+    measure one step after ``warmup`` steps (DDP rebuilds its buckets after the first step,
+    Adam creates its state at the first step).
+
+    Returns the collectives of that step (``records``; ``volume``: the ring formula's bytes for
+    them), the bytes counted on this rank's sockets (``wire``, None off gloo), the state bytes
+    right after ``optimizer.step()`` (gradients still present), the peak memory and the median
+    step time, with the numbers the formulas need (``num_params``, ``root_params``: parameters
+    no ``Block`` owns).
+    """
+    from .train import train_step
+
+    wrapped, optimizer, x, y, info = _training_setup(rank, world_size, par, model_kwargs,
+                                                     batch_size)
+    dev = x.device
+    for _ in range(warmup):
+        train_step(wrapped, optimizer, x, y)
+    log, wire = _measured_step(wrapped, optimizer, x, y)
     state = state_bytes(wrapped, optimizer)
     optimizer.zero_grad(set_to_none=True)
     peak = peak_memory(lambda: train_step(wrapped, optimizer, x, y), wrapped, optimizer)
     times = time_steps(lambda: train_step(wrapped, optimizer, x, y), repeats=repeats, warmup=0,
                        dev=dev)
-    return {
-        "label": par.label,
-        "backend": dist.get_backend(),
-        "num_params": total_params,
-        "root_params": root_params,
+    return info | {
         "volume": log.volume(),
         "records": log.records,
+        "wire": wire.count,
+        "wire_why": wire.why,
         "state": state,
         "peak": peak,
         "step_times": times,
