@@ -196,7 +196,19 @@ def zero1(module, rank: int, world_size: int, wl: Workload, dev) -> dict:
     return {"max_diff": max(_gather_objects(diff, world_size)),
             "optimizer_bytes": _gather_objects(state_bytes(model, opt).optimizer, world_size),
             "reference_bytes": state_bytes(ref, ref_opt).optimizer,
-            "largest_bytes": max(p.numel() for p in ref.parameters()) * ADAM_BYTES}
+            "largest_bytes": max(p.numel() for p in ref.parameters()) * ADAM_BYTES,
+            "greedy_bytes": [ADAM_BYTES * n for n in greedy_loads(
+                [p.numel() for p in ref.parameters()], world_size)]}
+
+
+def greedy_loads(sizes: list[int], world_size: int) -> list[int]:
+    """Elements per rank when each parameter, largest first, goes to the lightest rank (the
+    partition the lab asks for, ``ZeroRedundancyOptimizer``'s): its heaviest rank is the bound
+    a partition "by size" must meet."""
+    load = [0] * world_size
+    for n in sorted(sizes, reverse=True):
+        load[load.index(min(load))] += n
+    return load
 
 
 def _full_from_shards(model, shapes: dict, world_size: int) -> dict:
@@ -218,33 +230,64 @@ def _full_from_shards(model, shapes: dict, world_size: int) -> dict:
     return full
 
 
-def kept_by_forward(run, *tracked) -> int:
+def kept_by_forward(run, *tracked) -> tuple[int, object]:
+    """Bytes allocated by ``run()`` and still alive when it returns (its result held), and
+    the result: ``kept_by`` without a probe."""
+    kept, result, _ = kept_by(run, *tracked)
+    return kept, result
+
+
+def kept_by(run, *tracked, probe=None) -> tuple[int, object, int | None]:
     """Bytes allocated by ``run()`` and still alive when it returns (its result held): on a GPU
     from CUDA's allocator statistics, on the CPU from PyTorch's ``MemTracker`` (current bytes
-    after minus before)."""
+    after minus before); the result; and, if ``probe`` is a module, the same count at the moment
+    its forward starts (a pre-hook that runs before every other one: before a unit gathers its
+    own parameters), else ``None``."""
     import torch
 
     from ...launch import device
 
+    mid: list[int] = []
     if device().type == "cuda":
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        kept = run()
-        torch.cuda.synchronize()
-        return torch.cuda.memory_allocated() - before, kept
-    from torch.distributed._tools.mem_tracker import MemTracker
+        def current():
+            torch.cuda.synchronize()
+            return torch.cuda.memory_allocated()
+        tracker = None
+    else:
+        from torch.distributed._tools.mem_tracker import MemTracker
 
-    def total(tracker):
-        snap = tracker.get_tracker_snapshot("current")
-        return sum(v.get("Total", 0) for k, v in snap.items() if torch.device(k).type == "cpu")
+        tracker = MemTracker()
+        tracker.track_external(*tracked)
 
-    tracker = MemTracker()
-    tracker.track_external(*tracked)
-    with tracker:
-        before = total(tracker)
-        kept = run()
-        after = total(tracker)
-    return after - before, kept
+        def current():
+            snap = tracker.get_tracker_snapshot("current")
+            return sum(v.get("Total", 0) for k, v in snap.items()
+                       if torch.device(k).type == "cpu")
+    handle = None
+    if probe is not None:
+        handle = probe.register_forward_pre_hook(lambda *_: mid.append(current() - before),
+                                                 prepend=True)
+    try:
+        if tracker is None:
+            before = current()
+            result = run()
+            kept = current() - before
+        else:
+            with tracker:
+                before = current()
+                result = run()
+                kept = current() - before
+    finally:
+        if handle is not None:
+            handle.remove()
+    return kept, result, (mid[0] if mid else None)
+
+
+def _alloc_bytes(t) -> int:
+    """What ``t``'s allocation counts in ``kept_by``: CUDA's allocator rounds blocks up to
+    512 B."""
+    n = t.untyped_storage().nbytes()
+    return -(-n // 512) * 512 if t.device.type == "cuda" else n
 
 
 def references(rank: int, world_size: int, wl: Workload, dev) -> dict:
@@ -271,8 +314,47 @@ def references(rank: int, world_size: int, wl: Workload, dev) -> dict:
     _step(ddp, opt, batches[0])  # DDP rebuilds its buckets after the first step
     ddp_peak = peak_memory(lambda: _step(ddp, opt, batches[1]), ddp, opt).peak
     plain = build_model(**wl.model_kwargs).to(dev)
-    plain_kept, _ = kept_by_forward(lambda: _loss(plain, batches[-1]), plain)
-    return {"fsdp2": fsdp2, "ddp_peak": ddp_peak, "plain_kept": plain_kept, "batches": batches}
+    plain_kept, loss, plain_mid = kept_by(lambda: _loss(plain, batches[-1]), plain,
+                                          probe=units(plain)[-1])
+    loss.backward()
+    plain.zero_grad(set_to_none=True)
+    return {"fsdp2": fsdp2, "ddp_peak": ddp_peak, "plain_kept": plain_kept,
+            "plain_mid": plain_mid, "batches": batches,
+            "grads0": _averaged_grads(plain, batches[0], world_size)}
+
+
+def _averaged_grads(model, batch, world_size: int) -> dict:
+    """The gradient of the first step that every data-parallel version must reach: each rank's
+    own gradient, averaged over the ranks (what DDP leaves)."""
+    import torch.distributed as dist
+
+    _loss(model, batch).backward()
+    out = {}
+    for name, p in model.named_parameters():
+        dist.all_reduce(p.grad)
+        out[name] = (p.grad / world_size).cpu()
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def _shard_grads_vs(model, shapes: dict, world_size: int, ref: dict) -> tuple[float, float | None]:
+    """The shards' gradients put together (the lab's layout) against ``ref``: the largest
+    difference, and <got, ref> / <ref, ref> (N when the sum was not divided by N)."""
+    import torch
+    import torch.distributed as dist
+
+    params = dict(model.named_parameters())
+    if params.keys() != shapes.keys() or any(p.grad is None for p in params.values()):
+        return math.inf, None
+    got = {}
+    for name, shape in shapes.items():
+        g = params[name].grad.detach().contiguous()
+        buf = torch.empty(world_size * g.numel(), dtype=g.dtype, device=g.device)
+        dist.all_gather_single(buf, g)
+        got[name] = buf[:shape.numel()].view(shape).cpu()
+    num = sum((got[k].double() * ref[k].double()).sum().item() for k in ref)
+    den = sum((ref[k].double() ** 2).sum().item() for k in ref)
+    return _max_diff(got, ref), num / max(den, 1e-30)
 
 
 def _step(model, opt, batch) -> None:
@@ -293,7 +375,23 @@ def fsdp(module, rank: int, world_size: int, wl: Workload, dev, refs: dict) -> d
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     shard_numels = {n: p.numel() for n, p in model.named_parameters()}
     batches, out = refs["batches"], {}
+
+    def first_step():  # also the gradient of the first backward, before Adam hides its scale
+        _loss(model, batches[0]).backward()
+        out["grad_diff"], out["grad_ratio"] = _shard_grads_vs(model, shapes, world_size,
+                                                              refs["grads0"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    # What a whole step leaves allocated beyond the Adam state it creates: nothing, unless a
+    # full parameter survives it (review G3).
+    rest, _, _ = kept_by(first_step, model, opt)
+    out["rest_kept"] = rest - sum(_alloc_bytes(v) for st in opt.state.values()
+                                  for v in st.values() if isinstance(v, torch.Tensor)
+                                  and v.device.type == dev.type)
     for k, batch in enumerate(batches[:STEPS]):
+        if k == 0:
+            continue
         log = CommLog()
         with log if k == 1 else _nothing():
             _loss(model, batch).backward()
@@ -305,11 +403,12 @@ def fsdp(module, rank: int, world_size: int, wl: Workload, dev, refs: dict) -> d
         opt.zero_grad(set_to_none=True)
     out["max_diff"] = _max_diff(_full_from_shards(model, shapes, world_size), refs["fsdp2"])
     out["shard_numels"] = shard_numels
-    kept, loss = kept_by_forward(lambda: _loss(model, batches[-1]), model, opt)
+    kept, loss, mid = kept_by(lambda: _loss(model, batches[-1]), model, opt,
+                              probe=units(model)[-1])
     loss.backward()  # free the graph the way training does (weights are not stepped)
     opt.zero_grad(set_to_none=True)
-    out["kept"] = kept
-    out["plain_kept"] = refs["plain_kept"]
+    out["kept"], out["mid"] = kept, mid
+    out["plain_kept"], out["plain_mid"] = refs["plain_kept"], refs["plain_mid"]
     out["peak"] = peak_memory(lambda: _step(model, opt, batches[-1]), model, opt).peak
     out["ddp_peak"] = refs["ddp_peak"]
     return out
@@ -400,14 +499,23 @@ def zero1_items(raw: dict) -> list[Item]:
                    "nhận tham số đã cập nhật từ rank sở hữu (broadcast, cùng thứ tự ở mọi rank).")
     per_rank, total, largest = raw["optimizer_bytes"], raw["reference_bytes"], raw["largest_bytes"]
     n = len(per_rank)
-    bound = total / n + largest
+    # The greedy partition's heaviest rank (review G6: T/N + p_max let a split in parameter
+    # order pass); measurements without it (older raw dicts) keep the looser bound.
+    bound = max(raw["greedy_bytes"]) if "greedy_bytes" in raw else total / n + largest
     ok = max(per_rank) <= bound and sum(per_rank) == total
-    detail = (f"mỗi rank {' / '.join(_mb(b) for b in per_rank)}; giới hạn tổng/N + tham số lớn "
-              f"nhất = {_mb(bound)}; tổng các rank {_mb(sum(per_rank))}, Adam thường {_mb(total)}")
-    hint = ("tổng các rank phải bằng Adam thường: self.state là trạng thái của bộ tối ưu bên "
-            "trong, chỉ cho các tham số rank này sở hữu." if sum(per_rank) < total else
-            "mỗi rank chỉ tạo bộ tối ưu bên trong cho các tham số nó sở hữu; chia theo kích "
-            "thước (tham số lớn nhất trước, cho rank đang nhẹ nhất).")
+    detail = (f"mỗi rank {' / '.join(_mb(b) for b in per_rank)}; chia tham lam theo kích thước: "
+              f"rank nặng nhất {_mb(bound)}; tổng các rank {_mb(sum(per_rank))}, Adam thường "
+              f"{_mb(total)}")
+    if sum(per_rank) < total:
+        hint = ("tổng các rank phải bằng Adam thường: self.state là trạng thái của bộ tối ưu "
+                "bên trong, chỉ cho các tham số rank này sở hữu.")
+    elif sum(per_rank) > total:
+        hint = ("mỗi rank chỉ tạo bộ tối ưu bên trong cho các tham số nó sở hữu; chia theo "
+                "kích thước (tham số lớn nhất trước, cho rank đang nhẹ nhất).")
+    else:
+        hint = ("mỗi tham số ở đúng một rank, nhưng cách chia không cân: chia theo kích thước, "
+                "lần lượt từ tham số lớn nhất, giao cho rank đang nhẹ nhất (không chia theo "
+                "thứ tự tham số).")
     return [weights, Item("zero1_state", ZERO1_TITLES["zero1_state"], ok, detail, hint)]
 
 
@@ -416,7 +524,8 @@ FSDP_TITLES = {"fsdp_weights": f"fully_shard_scratch cho cùng trọng số vớ
                "fsdp_state": "Trạng thái mỗi rank = dòng FULL_SHARD của sổ kế toán (cộng padding)",
                "fsdp_bytes": "Byte mỗi bước: AllGather xuôi + AllGather ngược + ReduceScatter "
                              "= 3(N−1)/N·Ψ",
-               "fsdp_freed": "Không tham số đầy đủ nào còn lại sau lượt xuôi",
+               "fsdp_freed": "Tham số đầy đủ được bỏ ngay khi đơn vị của nó tính xong (giữa "
+                             "lượt xuôi, sau lượt xuôi, sau cả bước)",
                "fsdp_peak": "Bộ nhớ đỉnh thấp hơn DDP"}
 
 
@@ -426,6 +535,17 @@ def fsdp_items(raw: dict, exp: Expected) -> list[Item]:
     weights = _weights_item("fsdp_weights", FSDP_TITLES["fsdp_weights"], raw["max_diff"],
                    "gradient của shard là phần của rank này trong tổng gradient đầy đủ của mọi "
                    "rank, chia cho N (trung bình như DDP); giữ đúng cách lưu shard của đề bài.")
+    if "grad_diff" in raw:  # the first step's gradient: Adam hides a gradient's scale
+        n, ratio = exp.world_size, raw.get("grad_ratio")
+        scaled = ratio is not None and abs(ratio - n) < 0.01 * n
+        detail = (f"{weights.detail}; gradient của bước đầu: sai khác {vi.sci(raw['grad_diff'], 1)}"
+                  + (f", gấp {vi.number(ratio, 3)} lần trung bình" if scaled else ""))
+        hint = (f"gradient của shard gấp N = {n} lần trung bình: ReduceScatter cộng gradient "
+                f"của các rank, phải chia cho N. Adam gần như không đổi khi gradient nhân một "
+                f"hằng số, nên trọng số có thể vẫn gần đúng; SGD thì không."
+                if scaled else weights.hint)
+        weights = Item("fsdp_weights", weights.title,
+                       weights.passed and raw["grad_diff"] <= TOL, detail, hint)
     st = raw["state"]
     state_ok = st.total == exp.state
     state = Item("fsdp_state", FSDP_TITLES["fsdp_state"], state_ok,
@@ -434,22 +554,44 @@ def fsdp_items(raw: dict, exp: Expected) -> list[Item]:
                  f"{exp.padding} phần tử = {_mb(exp.state)}",
                  "mỗi tham số phải là một shard 1 chiều ceil(numel/N) phần tử, và gradient của "
                  "nó (shard.grad) cùng kích thước: đừng giữ gradient đầy đủ.")
+    extra = raw["kept"] - raw["plain_kept"]
+    mid = (raw["mid"] - raw["plain_mid"]) if raw.get("mid") is not None else None
+    rest = raw.get("rest_kept")
+    kept_nothing = extra <= exp.slack and (mid is None or mid <= exp.slack)
     v, e = raw["volume"], exp.volume
     parts = (("all_gather_forward", "AG xuôi"), ("all_gather_backward", "AG ngược"),
              ("reduce_scatter", "RS"), ("all_reduce", "AR"))
-    bytes_ok = all(abs(getattr(v, f) - getattr(e, f)) < 0.5 for f, _ in parts)
+    exact = all(abs(getattr(v, f) - getattr(e, f)) < 0.5 for f, _ in parts)
+    # Review G5: regathering in backward only the units whose backward needs a full parameter
+    # is right and cheaper, when nothing was kept from the forward instead.
+    lazy = (not exact and kept_nothing and v.all_gather_backward < e.all_gather_backward
+            and all(abs(getattr(v, f) - getattr(e, f)) < 0.5 for f, _ in parts
+                    if f != "all_gather_backward"))
     seen = ", ".join(f"{name} {_mb(getattr(v, f))}" for f, name in parts if getattr(v, f))
-    volume = Item("fsdp_bytes", FSDP_TITLES["fsdp_bytes"], bytes_ok,
+    volume = Item("fsdp_bytes", FSDP_TITLES["fsdp_bytes"], exact or lazy,
                   f"đo {seen or 'không có phép toán tập thể nào'}; công thức mỗi loại "
-                  f"{_mb(e.all_gather_forward)}, tổng {_mb(e.total)}",
+                  f"{_mb(e.all_gather_forward)}, tổng {_mb(e.total)}"
+                  + ("; AG ngược ít hơn: chỉ gom lại các đơn vị mà lượt ngược cần tham số đầy "
+                     "đủ, không giữ gì từ lượt xuôi (hợp lệ)" if lazy else ""),
                   _bytes_hint(v, e))
-    extra = raw["kept"] - raw["plain_kept"]
-    freed = Item("fsdp_freed", FSDP_TITLES["fsdp_freed"], extra <= exp.slack,
-                 f"lượt xuôi để lại {_mb(raw['kept'])}, mô hình thường (chỉ activation) "
-                 f"{_mb(raw['plain_kept'])}: thừa {_mb(max(extra, 0))} (cho phép dưới nửa "
-                 f"đơn vị nhỏ nhất, {_mb(exp.slack)})",
-                 "sau khi một đơn vị tính xong, đừng giữ tham số đầy đủ (kể cả trong autograd: dùng "
-                 "torch.autograd.graph.saved_tensors_hooks để autograd chỉ nhớ cách gom lại).")
+    checks = [f"khi đơn vị cuối bắt đầu thừa {_mb(max(mid, 0))}" if mid is not None else None,
+              f"lượt xuôi để lại {_mb(raw['kept'])}, mô hình thường (chỉ activation) "
+              f"{_mb(raw['plain_kept'])}: thừa {_mb(max(extra, 0))}",
+              f"sau cả bước còn {_mb(max(rest, 0))} ngoài trạng thái Adam"
+              if rest is not None else None]
+    if extra > exp.slack:
+        hint = ("sau khi một đơn vị tính xong, đừng giữ tham số đầy đủ (kể cả trong autograd: "
+                "dùng torch.autograd.graph.saved_tensors_hooks để autograd chỉ nhớ cách gom lại).")
+    elif mid is not None and mid > exp.slack:
+        hint = ("tham số đầy đủ của các đơn vị trước vẫn còn khi đơn vị cuối bắt đầu: bỏ chúng "
+                "ngay trong post-forward hook của CHÍNH đơn vị ấy, đừng đợi cả mô hình tính xong.")
+    else:
+        hint = ("bản gom lại cho lượt ngược vẫn còn sau bước: bỏ nó ngay khi đơn vị tính xong "
+                "lượt ngược (ví dụ trong backward của autograd.Function), đừng giữ tới bước sau.")
+    freed_ok = kept_nothing and (rest is None or rest <= exp.slack)
+    freed = Item("fsdp_freed", FSDP_TITLES["fsdp_freed"], freed_ok,
+                 "; ".join(c for c in checks if c) + f" (cho phép dưới nửa đơn vị nhỏ nhất, "
+                 f"{_mb(exp.slack)})", hint)
     peak_ok = raw["peak"] < raw["ddp_peak"]
     peak = Item("fsdp_peak", FSDP_TITLES["fsdp_peak"], peak_ok,
                 f"{_mb(raw['peak'])} so với DDP {_mb(raw['ddp_peak'])} "
