@@ -17,7 +17,6 @@ permutation on both sides. In float64 the two runs agree to rounding.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
@@ -38,6 +37,7 @@ from ..launch import device as rank_device
 from ..models import build_mlp
 from ..torchrun.worker import process_group
 from ..train import apply_ddp, cpu_copy, mixed_precision
+from ._cli import vietnamese_parser
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 MODEL = {"in_dim": 16, "hidden": 32, "depth": 3, "out_dim": 4}  # models.build_mlp's defaults
@@ -201,6 +201,7 @@ def save_checkpoint(model, optimizer, epoch: int, cfg: ScriptConfig, scaler=None
     if not dist.is_initialized() or dist.get_rank() == 0:
         net = model.module if isinstance(model, DDP) else model
         path = Path(cfg.checkpoint)
+        path.parent.mkdir(parents=True, exist_ok=True)  # e.g. _build/runs/ on a fresh clone
         tmp = path.with_name(path.name + ".tmp")
         scaler_state = scaler.state_dict() if scaler is not None and scaler.is_enabled() else {}
         torch.save(cpu_copy({"model": net.state_dict(), "optimizer": optimizer.state_dict(),
@@ -232,7 +233,10 @@ def _setup(cfg: ScriptConfig):
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     scaler = mixed_precision(dev, cfg.amp).scaler()
     start = 0
-    if cfg.resume and Path(cfg.checkpoint).exists():
+    if cfg.resume:  # a missing file is an error, never a silent fresh start
+        if not Path(cfg.checkpoint).is_file():
+            raise FileNotFoundError(f"resume=True: không có file checkpoint {cfg.checkpoint!r} "
+                                    "để nạp; bỏ resume để huấn luyện từ đầu.")
         start = load_checkpoint(cfg.checkpoint, model, optimizer, dev, scaler) + 1
     # DDP wraps the same parameter tensors, so the optimizer built above still updates them.
     wrapped = apply_ddp(model) if dist.is_initialized() else model
@@ -281,8 +285,8 @@ def run(rank: int, world_size: int, cfg: ScriptConfig) -> dict:
 def parse_args(argv: Sequence[str] | None = None) -> ScriptConfig:
     """The command line of ``python -m dpbook.scripts.ddp_script`` (help in Vietnamese)."""
     d = ScriptConfig()
-    p = argparse.ArgumentParser(prog="python -m dpbook.scripts.ddp_script",
-                                description="Huấn luyện MLP nhỏ bằng DDP (mục 4.2.2).")
+    p = vietnamese_parser(prog="python -m dpbook.scripts.ddp_script",
+                          description="Huấn luyện MLP nhỏ bằng DDP (mục 4.2.2).")
     p.add_argument("--epochs", type=int, default=d.epochs, help="số epoch")
     p.add_argument("--batch-size", type=int, default=d.batch_size,
                    help="số mẫu mỗi micro-batch trên MỖI rank")
@@ -298,15 +302,28 @@ def parse_args(argv: Sequence[str] | None = None) -> ScriptConfig:
     p.add_argument("--dtype", choices=tuple(DTYPES), default=d.dtype, help="kiểu của tham số")
     p.add_argument("--no-amp", dest="amp", action="store_false",
                    help="tắt autocast 16 bit trên GPU (bf16, hoặc fp16 nếu GPU không có bf16)")
-    p.add_argument("--checkpoint", default=None, help="file checkpoint (rank 0 ghi)")
-    p.add_argument("--resume", action="store_true", help="nạp checkpoint rồi huấn luyện tiếp")
+    p.add_argument("--checkpoint", default=None,
+                   help="file checkpoint, rank 0 ghi sau mỗi epoch (ví dụ _build/runs/ddp.pt; "
+                        "thư mục cha được tạo nếu chưa có); bỏ đi thì không ghi gì")
+    p.add_argument("--resume", action="store_true",
+                   help="nạp file --checkpoint (phải có sẵn) rồi huấn luyện tiếp")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="không in thanh tiến độ")
     args = p.parse_args(argv)
+    if args.resume and not args.checkpoint:
+        p.error("--resume cần --checkpoint FILE: file checkpoint để nạp.")
+    if args.checkpoint and os.path.isdir(args.checkpoint):
+        p.error(f"--checkpoint {args.checkpoint!r} là một thư mục; hãy cho đường dẫn file, "
+                "ví dụ _build/runs/ddp.pt.")
+    if args.resume and not os.path.isfile(args.checkpoint):
+        # One line and status 2, before any process group: nothing silently starts from scratch.
+        p.exit(2, f"ddp_script: lỗi: --resume: không có file checkpoint {args.checkpoint!r} để "
+                  "nạp. Bỏ --resume để huấn luyện từ đầu (checkpoint sẽ được ghi vào đúng đường "
+                  "dẫn ấy).\n")
     try:
         return ScriptConfig(**vars(args))
     except ValueError as err:
-        p.error(str(err))  # exits with status 2 and the message
+        p.error(str(err))  # exits with status 2: the usage line, then the message
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,6 +27,7 @@ from ..measure import CommLog, bytes_by_group
 from ..models import Block, build_mlp, num_params
 from ..torchrun.worker import process_group, read_env
 from ..train import Parallel, build_model, fit, train_step
+from ._cli import vietnamese_parser
 
 TAG = "DPBOOK_HSDP"
 METHODS = ("fsdp2", "fsdp1")
@@ -120,8 +121,8 @@ def run(methods: Sequence[str], steps: int, batch_size: int, out_dir: str) -> di
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (help in Vietnamese)."""
-    p = argparse.ArgumentParser(prog="torchrun ... -m dpbook.scripts.hsdp_script",
-                                description="HYBRID_SHARD giữa các node (mục 4.2.4).")
+    p = vietnamese_parser(prog="torchrun ... -m dpbook.scripts.hsdp_script",
+                          description="HYBRID_SHARD giữa các node (mục 4.2.4).")
     p.add_argument("out_dir", help="thư mục rank 0 lưu trọng số cuối")
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
                    help="fsdp2 (fully_shard trên mesh 2 chiều) và/hoặc fsdp1 (HYBRID_SHARD)")

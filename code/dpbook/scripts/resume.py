@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -38,6 +37,7 @@ import torch.distributed as dist
 
 from ..checks import int_at_least, non_negative
 from ..torchrun.worker import process_group
+from ._cli import vietnamese_parser
 
 MARKER = "COMPLETE"  # written by rank 0 after every rank finished its part of a save
 PROGRESS = "progress.jsonl"
@@ -95,6 +95,15 @@ def batch_indices(step: int, cfg: ResumeConfig) -> torch.Tensor:
 def checkpoint_path(ckpt_dir: str, step: int) -> Path:
     """Where the checkpoint saved after ``step`` lives: ``ckpt_dir/step_<step>``."""
     return Path(ckpt_dir) / f"step_{step}"
+
+
+def start_line(ckpt_dir: str) -> str:
+    """The one line rank 0 prints at the start of each attempt: where training starts from.
+    A missing or empty ``ckpt_dir`` is not an error: this script starts fresh there."""
+    step = latest_checkpoint(ckpt_dir)
+    if not step:
+        return f"Chưa có checkpoint hoàn chỉnh nào trong {ckpt_dir!r}: huấn luyện từ đầu."
+    return f"Tiếp tục từ checkpoint {str(checkpoint_path(ckpt_dir, step))!r} (sau bước {step})."
 
 
 def latest_checkpoint(ckpt_dir: str) -> int:
@@ -335,12 +344,15 @@ def read_result(out: str) -> tuple[dict, dict]:
 def parse_args(argv: Sequence[str] | None = None) -> ResumeConfig:
     """The command line of ``python -m dpbook.scripts.resume`` (help in Vietnamese)."""
     d = ResumeConfig(ckpt_dir="", out="")
-    p = argparse.ArgumentParser(prog="python -m dpbook.scripts.resume",
-                                description="Huấn luyện FSDP2 chịu lỗi: checkpoint DCP định kỳ, "
-                                            "tiếp tục từ checkpoint mới nhất (mục 4.2.6).")
-    p.add_argument("--ckpt-dir", required=True, help="thư mục chứa các checkpoint step_<n>")
+    p = vietnamese_parser(prog="python -m dpbook.scripts.resume",
+                          description="Huấn luyện FSDP2 chịu lỗi: checkpoint DCP định kỳ, "
+                                      "tiếp tục từ checkpoint mới nhất (mục 4.2.6).")
+    p.add_argument("--ckpt-dir", required=True,
+                   help="thư mục chứa các checkpoint step_<n> (ví dụ _build/runs/ckpt); chưa có "
+                        "hoặc rỗng thì huấn luyện từ đầu")
     p.add_argument("--out", required=True,
-                   help="file trọng số cuối (rank 0 ghi); bản tóm tắt JSON nằm cạnh, đuôi .json")
+                   help="file trọng số cuối, rank 0 ghi (ví dụ _build/runs/final.pt); bản tóm "
+                        "tắt JSON nằm cạnh, đuôi .json")
     p.add_argument("--steps", type=int, default=d.steps, help="tổng số bước huấn luyện")
     p.add_argument("--ckpt-every", type=int, default=d.ckpt_every,
                    help="lưu checkpoint sau mỗi bao nhiêu bước")
@@ -354,10 +366,16 @@ def parse_args(argv: Sequence[str] | None = None) -> ResumeConfig:
     p.add_argument("--lr", type=float, default=d.lr, help="tốc độ học của Adam")
     p.add_argument("--seed", type=int, default=d.seed, help="hạt giống: trọng số và dữ liệu")
     args = p.parse_args(argv)
+    if os.path.exists(args.ckpt_dir) and not os.path.isdir(args.ckpt_dir):
+        p.error(f"--ckpt-dir {args.ckpt_dir!r} là một file; hãy cho một thư mục (chưa có thì "
+                "script tạo).")
+    if os.path.isdir(args.out):
+        p.error(f"--out {args.out!r} là một thư mục; hãy cho đường dẫn file, ví dụ "
+                "_build/runs/final.pt.")
     try:
         return ResumeConfig(**vars(args))
     except ValueError as err:
-        p.error(str(err))  # exits with status 2 and the message
+        p.error(str(err))  # exits with status 2: the usage line, then the message
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -368,8 +386,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("Hãy chạy bằng torchrun: torchrun --nproc_per_node=2 -m dpbook.scripts.resume …")
     with process_group():
         Path(cfg.ckpt_dir).mkdir(parents=True, exist_ok=True)
+        if dist.get_rank() == 0:
+            print(start_line(cfg.ckpt_dir), flush=True)
         result = train(cfg)
         if dist.get_rank() == 0:
+            Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
             torch.save(result["state"], cfg.out)
             summary = {"config": asdict(cfg), **summarize(read_events(cfg.ckpt_dir))}
             _write_atomically(Path(cfg.out).with_suffix(".json"), json.dumps(summary, indent=1))
