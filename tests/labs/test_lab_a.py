@@ -132,14 +132,4 @@ def test_weights_and_loss_hints_name_the_cause_the_traces_show():
     assert "evaluate(model.module, dataset)" in items["loss"].hint
 
 
-@pytest.mark.distributed
-def test_a_conversion_without_set_epoch_gets_the_set_epoch_hint(tmp_path):
-    lines = SOLUTION.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [line for line in lines if "sampler.set_epoch(epoch)" not in line]
-    assert len(kept) == len(lines) - 1
-    script = tmp_path / "quen_set_epoch.py"
-    script.write_text("".join(kept), encoding="utf-8")
-    result = checker.check(script, verbose=False)
-    assert result.failed == ["set_epoch", "weights", "loss"], str(result)
-    hint = result.item("loss").hint
-    assert "set_epoch(epoch)" in hint and "module" not in hint, str(result)
+# A conversion without set_epoch, run for real: test_mutants.py (mutants/no_set_epoch.py).

@@ -53,7 +53,8 @@ def test_fsdp_items_pass_and_fail_one_by_one():
     v = exp.volume
     cases = {
         "fsdp_weights": {"max_diff": 1e-3},
-        "fsdp_bytes": {"volume": type(v)(v.all_gather_forward, 0.0, v.reduce_scatter)},
+        "fsdp_bytes": {"volume": type(v)(v.all_gather_forward, 2 * v.all_gather_backward,
+                                         v.reduce_scatter)},
         "fsdp_freed": {"kept": 3264 + 4 * exp.smallest_unit},
         "fsdp_peak": {"peak": 63_000},
         "fsdp_state": {"state": StateBytes(4 * exp.num_params, 0, 0)},
@@ -61,8 +62,24 @@ def test_fsdp_items_pass_and_fail_one_by_one():
     for key, change in cases.items():
         failed = [i.key for i in checker.fsdp_items({**good, **change}, exp) if not i.passed]
         assert failed == [key], (key, failed)
-    hint = checker.fsdp_items({**good, **cases["fsdp_bytes"]}, exp)[2].hint
-    assert "SHARD_GRAD_OP" in hint
+    # No regather in backward: right (and cheaper) when nothing was kept from the forward
+    # (review G5), SHARD_GRAD_OP when the full parameters were kept.
+    lazy = {**good, "volume": type(v)(v.all_gather_forward, 0.5 * v.all_gather_backward,
+                                      v.reduce_scatter)}
+    assert all(i.passed for i in checker.fsdp_items(lazy, exp))
+    kept = {**lazy, "kept": 3264 + 4 * exp.smallest_unit}
+    found = {i.key: i for i in checker.fsdp_items(kept, exp)}
+    assert [k for k, i in found.items() if not i.passed] == ["fsdp_bytes", "fsdp_freed"]
+    assert "SHARD_GRAD_OP" in found["fsdp_bytes"].hint
+    # Kept at the last unit's start only (G4), after a whole step only (G3): each its own hint.
+    mid = checker.fsdp_items({**good, "mid": 3072 + 4 * exp.smallest_unit, "plain_mid": 3072},
+                             exp)[3]
+    assert not mid.passed and "CHÍNH đơn vị" in mid.hint
+    rest = checker.fsdp_items({**good, "rest_kept": 4 * exp.padded_params}, exp)[3]
+    assert not rest.passed and "bước sau" in rest.hint
+    # Adam hides a gradient N times too large; the first step's gradient does not.
+    summed = checker.fsdp_items({**good, "grad_diff": 0.3, "grad_ratio": 2.0}, exp)[0]
+    assert not summed.passed and "chia cho N" in summed.hint
     ar = type(v)(v.all_gather_forward, v.all_gather_backward, 0.0, 2 * v.reduce_scatter)
     assert "AllReduce" in checker.fsdp_items({**good, "volume": ar}, exp)[2].hint
 
@@ -75,6 +92,12 @@ def test_zero1_items():
     assert [i.passed for i in full] == [True, False]
     empty = checker.zero1_items({**raw, "optimizer_bytes": [0, 0]})[1]
     assert not empty.passed and "self.state" in empty.hint
+    # Review G6: a split in parameter order holds more than the greedy split's heaviest rank.
+    greedy = {**raw, "greedy_bytes": [8 * n for n in checker.greedy_loads(
+        [512, 32, 1024, 32, 1024, 32, 96, 3], 2)]}
+    assert greedy["greedy_bytes"] == [12_288, 9_752] and checker.zero1_items(greedy)[1].passed
+    item = checker.zero1_items({**greedy, "optimizer_bytes": [12_544, 9_496]})[1]
+    assert not item.passed and "thứ tự tham số" in item.hint
 
 
 def test_errors_and_missing_names_become_items():

@@ -1,0 +1,98 @@
+"""The graders, mutation-tested (issue 25, item 5): each lab's library of wrong versions
+(``dpbook.labs.lab_*.mutants``, with the labs' ``broken_*.py``) must be rejected on exactly the
+expected items, with a hint that names the real cause; the references and the valid variants
+must pass.
+
+Labs D and E check every file of their library in one ``check_files`` call (one launch per N);
+lab A runs ``torchrun`` once per script (about 9 s each on two cores).
+"""
+
+import pytest
+
+from dpbook.labs.lab_a import SOLUTION as A_SOLUTION
+from dpbook.labs.lab_a import checker as checker_a
+from dpbook.labs.lab_a.mutants import MUTANTS as A_MUTANTS
+from dpbook.labs.lab_d import SOLUTION as D_SOLUTION
+from dpbook.labs.lab_d import checker as checker_d
+from dpbook.labs.lab_d.mutants import HANGING, MUTANTS as D_MUTANTS
+from dpbook.labs.lab_e import SOLUTION as E_SOLUTION
+from dpbook.labs.lab_e import checker as checker_e
+from dpbook.labs.lab_e.mutants import MUTANTS as E_MUTANTS, VALID as E_VALID
+
+
+def assert_caught(result, mutant):
+    """✗ on exactly ``mutant.items``, and the first of them names the cause."""
+    assert tuple(result.failed) == mutant.items, str(result)
+    first = result.item(mutant.items[0])
+    assert mutant.hint in first.hint, str(result)
+
+
+def test_every_mutant_says_what_is_wrong_and_which_item_catches_it():
+    for library in (A_MUTANTS, D_MUTANTS, E_MUTANTS):
+        for name, m in library.items():
+            doc = m.path.read_text(encoding="utf-8").split('"""')[1]
+            if m.path.parent.name == "mutants":  # the labs' broken_*.py keep their longer text
+                assert "\n" not in doc.strip() and len(doc) > 40, name  # one line
+            assert m.path.is_file() and m.items and m.hint, name
+    assert HANGING.path.is_file()
+
+
+@pytest.fixture(scope="module")
+def lab_d_results():
+    files = [D_SOLUTION, *(m.path for m in D_MUTANTS.values())]
+    results = checker_d.check_files(files, verbose=False)
+    return dict(zip(["solution", *D_MUTANTS], results))
+
+
+@pytest.fixture(scope="module")
+def lab_e_results():
+    files = [E_SOLUTION, *E_VALID.values(), *(m.path for m in E_MUTANTS.values())]
+    results = checker_e.check_files(files, verbose=False)
+    return dict(zip(["solution", *E_VALID, *E_MUTANTS], results))
+
+
+@pytest.mark.distributed
+def test_lab_d_reference_passes_at_every_n(lab_d_results):
+    good = lab_d_results["solution"]
+    assert good.passed and len(good.items) == 8, str(good)
+    assert "N = 2, 3, 4" in good.item("ring").detail
+    assert "xong sau" in good.item("overlap").detail
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", list(D_MUTANTS))
+def test_lab_d_mutant_is_caught(lab_d_results, name):
+    assert_caught(lab_d_results[name], D_MUTANTS[name])
+
+
+@pytest.mark.distributed
+def test_lab_d_one_hanging_file_fails_alone():
+    """Review G7: a file whose ring deadlocks is reported as such; the files checked with it,
+    before and after, are judged as if checked alone."""
+    good, hang, late = checker_d.check_files(
+        [D_SOLUTION, HANGING.path, D_MUTANTS["all_at_end"].path], timeout=10, verbose=False)
+    assert good.passed, str(good)
+    assert_caught(hang, HANGING)
+    assert_caught(late, D_MUTANTS["all_at_end"])
+
+
+@pytest.mark.distributed
+def test_lab_e_reference_and_valid_variants_pass(lab_e_results):
+    for name in ("solution", *E_VALID):
+        assert lab_e_results[name].passed, str(lab_e_results[name])
+    lazy = lab_e_results["lazy_regather"].raw["fsdp"]["volume"]
+    assert lazy.all_gather_backward < checker_e.expected({}, 2).volume.all_gather_backward
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", list(E_MUTANTS))
+def test_lab_e_mutant_is_caught(lab_e_results, name):
+    assert_caught(lab_e_results[name], E_MUTANTS[name])
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", list(A_MUTANTS))
+def test_lab_a_mutant_is_caught(name):
+    # The reference itself passes in the lab's page (bai-a-ddp.ipynb, hidden assert cells).
+    assert A_SOLUTION.is_file()
+    assert_caught(checker_a.check(A_MUTANTS[name].path, verbose=False), A_MUTANTS[name])
