@@ -198,14 +198,15 @@ def _connection(fd: int, skip_ports: set[int]) -> tuple[int, int, int] | None:
     """``(bytes acknowledged by the peer, bytes written but not yet acknowledged (SIOCOUTQ),
     bytes received)`` of the TCP connection behind ``fd``, or None when it is not one to count
     (a Unix socket, a listening socket, a connection to a store)."""
-    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-    try:
-        sock = socket.socket(fileno=os.dup(fd))
-    except OSError:
-        return None
     # A default socket timeout would make the new object set O_NONBLOCK, a flag the duplicate
-    # shares with the original: put the original's flags back.
-    fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+    # shares with the original: then put the original's flags back.
+    try:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL) if socket.getdefaulttimeout() is not None else None
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:  # closed meanwhile
+        return None
+    if flags is not None:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags)
     with sock:
         if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
             return None
@@ -252,8 +253,10 @@ class WireBytes:
 
     On exit it waits (at most ``settle`` seconds) until the peers have acknowledged every byte
     written, so the count is of bytes delivered; bytes still queued after that are counted as
-    sent. A connection opened inside the block counts from zero; one closed inside it is lost.
-    Connections to a ``TCPStore`` (``store_ports``) are left out.
+    sent. A connection opened inside the block counts from zero; if one open on entry has closed
+    by the exit (a peer that left: synchronise the ranks after the block, before they tear down
+    their groups), its bytes are lost and ``count`` is None. Connections to a ``TCPStore``
+    (``store_ports``) are left out.
     """
 
     def __init__(self, settle: float = 5.0) -> None:
@@ -281,6 +284,11 @@ class WireBytes:
         if self.why is not None:
             return
         end = self._settled()
+        if set(self._start) - set(end):
+            # A connection closed inside the block took its counters with it (a peer that left
+            # early: synchronise the ranks after the block, before any of them tears down).
+            self.why = "một kết nối TCP đã đóng trong lúc đo: số byte của nó không còn đọc được."
+            return
         sent = received = 0
         for inode, (acked, queued, got) in end.items():
             acked0, queued0, got0 = self._start.get(inode, (0, 0, 0))
@@ -346,9 +354,10 @@ def gloo_broadcast(nbytes: int, world_size: int, rank: int, root: int = 0):
     return sends, recvs
 
 
-def gloo_wire_bytes(record: CommRecord, rank: int = 0) -> WireCount:
+def gloo_wire_bytes(record: CommRecord, rank: int = 0, header: int = GLOO_PREAMBLE) -> WireCount:
     """What rank ``rank`` (its index in the record's group) puts on and takes off its sockets for
-    one collective under ProcessGroupGloo: gloo's algorithm plus its message headers. On gloo a
+    one collective under ProcessGroupGloo: gloo's algorithm plus its message headers
+    (``header=0``: the tensor data alone). On gloo a
     ReduceScatter is an AllReduce of the whole input followed by a local slice
     (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, ``reduce_scatter_tensor_coalesced``)."""
     n, size = record.group_size, record.nbytes
@@ -364,17 +373,16 @@ def gloo_wire_bytes(record: CommRecord, rank: int = 0) -> WireCount:
         raise ValueError(f"chưa có mô hình gloo cho toán tử {record.op!r}; có cho allreduce_, "
                          "allreduce_coalesced_, _reduce_scatter_base_, _allgather_base_, "
                          "allgather_, allgather_into_tensor_coalesced_, broadcast_.")
-    header = GLOO_PREAMBLE
     return WireCount(sum(sends) + 2 * header * len(sends) + header * len(recvs),
                      sum(recvs) + 2 * header * len(recvs) + header * len(sends))
 
 
-def gloo_step_wire(records, rank: int = 0) -> WireCount:
+def gloo_step_wire(records, rank: int = 0, header: int = GLOO_PREAMBLE) -> WireCount:
     """``gloo_wire_bytes`` summed over the collectives of a step (``CommLog.records``)."""
     total = WireCount(0, 0)
     for r in records:
         index = r.group_ranks.index(rank) if rank in r.group_ranks else rank
-        total = total + gloo_wire_bytes(r, index)
+        total = total + gloo_wire_bytes(r, index, header)
     return WireCount(total.sent, total.received)
 
 
@@ -509,6 +517,9 @@ def _measured_step(wrapped, optimizer, x, y) -> tuple[CommLog, WireBytes]:
     with WireBytes() as wire, CommLog() as log:
         torch.nn.functional.mse_loss(wrapped(x), y).backward()
         optimizer.step()
+    # No rank goes on (and, at the end, closes its connections) before every rank has read its
+    # counters; the barrier's own messages can reach a slower rank's ``received``, not ``sent``.
+    dist.barrier()
     return log, wire
 
 

@@ -1,9 +1,11 @@
 """Section 4.1.6 (FSDP): rank functions for the page, run by ``launch.spawn``.
 
-``fsdp_tour`` does everything the page measures in one launch: the per-step volume of DDP and of
-FSDP2 (``measure.measure_step``), what ``fully_shard`` turns a parameter into, which of a small
+``fsdp_tour`` does everything the page measures in one launch: the collectives of one step of DDP
+and of FSDP2, with the ring formula's bytes and the bytes counted on the rank's sockets
+(``measure.measure_step``), what ``fully_shard`` turns a parameter into, which of a small
 Transformer's embedding and head stay unsharded through the step (``root_unsharded``), and a
-Distributed Checkpoint (DCP) save and load on every rank.
+Distributed Checkpoint (DCP) save and load on every rank. ``traffic_tour`` measures only the
+communication of the same three configurations (the page runs it on 4 ranks).
 """
 
 from __future__ import annotations
@@ -83,6 +85,14 @@ def dcp_round_trip(rank: int, world_size: int, ckpt_dir: str, steps: int = 2) ->
     return {"rank": rank, "shard": shard, "files": sorted(os.listdir(ckpt_dir)),
             "saved": saved, "before": before, "loaded": loaded,
             "adam_steps": (steps_saved, steps_loaded), "next_loss": next_loss}
+
+
+def traffic_tour(rank: int, world_size: int, parallels=TOUR_PARALLELS) -> dict:
+    """Rank function: ``{label: measure.measure_traffic(...)}`` for each of ``parallels``: one
+    step's collectives, the ring formula's bytes and the bytes on this rank's sockets."""
+    from ..measure import measure_traffic
+
+    return {p.label: measure_traffic(rank, world_size, p) for p in parallels}
 
 
 def fsdp_tour(rank: int, world_size: int, ckpt_dir: str, parallels=TOUR_PARALLELS) -> dict:
