@@ -1,5 +1,6 @@
 """The launcher: results, output, errors, hangs, parallel launches, no orphans."""
 
+import pathlib
 import threading
 import time
 
@@ -199,14 +200,15 @@ def test_ranks_fork_from_a_forkserver_named_and_with_the_callers_environment(mon
         for r in range(2)]
 
 
+# Not `from conftest import ROOT`: with a conftest.py in tests/labs too, whichever one pytest
+# imported first is the module named "conftest" (a fresh-clone make test failed on it).
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 _SCRIPT_HEAD = "import sys\nsys.path.insert(0, {code!r})\nfrom dpbook import launch, workers\n"
 
 
 def _run_script(tmp_path, body: str, timeout: float = 120):
     import subprocess
     import sys
-
-    from conftest import ROOT
 
     script = tmp_path / "script.py"
     script.write_text(_SCRIPT_HEAD.format(code=str(ROOT / "code")) + body, encoding="utf-8")
@@ -238,8 +240,6 @@ def test_killing_the_caller_kills_its_ranks(tmp_path):
     import signal
     import subprocess
     import sys
-
-    from conftest import ROOT
 
     script = tmp_path / "caller.py"
     script.write_text(_SCRIPT_HEAD.format(code=str(ROOT / "code")) + (
