@@ -52,3 +52,21 @@ def test_root_keeps_embedding_and_head_unsharded_for_the_whole_step():
             assert r["root"][moment] == {"embed": True, "head": True}
             assert r["separate"][moment] == {"embed": False, "head": False}
         assert r["params"]["embed"] == 64 * 32 and r["params"]["head"] == 32 * 64 + 64
+
+
+@pytest.mark.distributed
+def test_traffic_tour_counts_gloos_bytes_on_the_sockets():
+    from dpbook import costs, measure
+
+    results = launch.spawn(fsdp_intro.traffic_tour, world_size=2, backend="gloo", timeout=180,
+                           output="none")
+    for r in results:
+        ddp, full = r["DDP"], r["FSDP2 reshard_after_forward=True"]
+        psi = 4 * ddp["num_params"]
+        # the ring formula on the recorded collectives: FSDP 1.5 x DDP
+        assert full["volume"] == costs.fsdp_step_bytes(psi, 2, "FULL_SHARD")
+        for m in r.values():  # the socket count against gloo's algorithms, to the byte
+            assert m["wire"].sent == measure.gloo_step_wire(m["records"], m["rank"]).sent
+        # gloo's data alone: AllGather twice half the tensor, ReduceScatter = AllReduce (all of it)
+        assert measure.gloo_step_wire(full["records"], 0, header=0).sent == 2 * psi
+        assert full["wire"].sent > 2 * ddp["wire"].sent
