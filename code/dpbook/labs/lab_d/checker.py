@@ -339,8 +339,8 @@ def premature_bucket(reports: list[dict]) -> str | None:
     for step, events in enumerate(reports[0]["ddp"].get("ready_bytes", []), 1):
         for k, (issued, ready) in enumerate(events):
             if issued > ready:
-                return (f"bước {step}: khi gradient thứ {k + 1}/{len(events)} sẵn sàng, đã có "
-                        f"{vi.grouped(issued)} byte được AllReduce nhưng mới "
+                return (f"bước {step}: khi gradient thứ {k + 1}/{len(events)} sẵn sàng, đã thực "
+                        f"hiện AllReduce trên {vi.grouped(issued)} byte nhưng mới "
                         f"{vi.grouped(ready)} byte gradient sẵn sàng")
     return None
 
