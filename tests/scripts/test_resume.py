@@ -140,3 +140,59 @@ def test_summarize_starts_an_attempt_at_each_start_event():
     first, second = resume.summarize(events)["attempts"]
     assert (first["steps_run"], first["last_step"], first["downtime_s"]) == (1, 1, None)
     assert (second["world_size"], second["steps_run"], second["downtime_s"]) == (1, 0, 2.0)
+
+
+def _two_node_run(tmp_path, name, during=None, max_restarts=1):
+    """``dpbook.scripts.resume`` under two torchrun agents (two emulated nodes, one worker
+    each, c10d rendezvous): 12 steps, a checkpoint every 4."""
+    from dpbook import torchrun
+
+    ckpt, out = tmp_path / name, tmp_path / f"{name}.pt"
+    results = torchrun.run(
+        "dpbook.scripts.resume", ["--ckpt-dir", ckpt, "--out", out, "--steps", 12,
+                                  "--ckpt-every", 4],
+        nproc_per_node=1, nnodes=2, max_restarts=max_restarts, timeout=95, check=False,
+        backend="gloo", during=during,
+        # test only: the workers wait after the first checkpoint (resume.HOLD_VAR), and the
+        # process group and store time out after 20 s instead of PyTorch's 30 min
+        env={resume.HOLD_VAR: 60 if during else "", "DPBOOK_TEST_PG_TIMEOUT_S": 20})
+    return ckpt, out, results
+
+
+@pytest.mark.distributed
+def test_two_nodes_survive_a_killed_worker_while_the_other_is_blocked(tmp_path):
+    """Issue 26: on a 2-node job, after the first checkpoint rank 0's worker is blocked
+    (SIGSTOP: alive, so healthy to its agent, as a rank waiting in an NCCL collective) and rank
+    1's worker is killed. Agent 1 restarts after a failure (its TORCHELASTIC_RESTART_COUNT
+    becomes 1), agent 0 after a membership change (its count stays 0); the new workers must
+    still form one group, resume from the checkpoint rank 0 chose, and end bit for bit where an
+    uninterrupted run ends."""
+    import os
+    import signal
+
+    done = []
+
+    def fault(procs):
+        ckpt = tmp_path / "crash"
+        pids = [ckpt / "pid.0", ckpt / "pid.1"]
+        if done or not all(p.exists() for p in pids):
+            return
+        rank0, rank1 = (int(p.read_text()) for p in pids)
+        os.kill(rank0, signal.SIGSTOP)
+        os.kill(rank1, signal.SIGKILL)
+        done.append((rank0, rank1))
+
+    ckpt, out, results = _two_node_run(tmp_path, "crash", during=fault)
+    detail = "\n".join(f"--- agent {r.node_rank} (mã thoát {r.returncode}) ---\n{r.output[-3000:]}"
+                       for r in results)
+    assert done, detail  # the fault was injected
+    assert [r.returncode for r in results] == [0, 0], detail
+    state, summary = resume.read_result(str(out))
+    # rank 0 numbered the starts of the group (0, 1), whatever each agent counted
+    assert [(a["attempt"], a["from_step"]) for a in summary["attempts"]] == [(0, 0), (1, 4)], \
+        summary["attempts"]
+    ref = resume.ResumeConfig(ckpt_dir=str(tmp_path / "ref"), out="", steps=12, ckpt_every=4)
+    expected = launch.spawn(resume.run, ref, world_size=2, backend="gloo", timeout=60,
+                            output="none")[0][0]
+    assert state.keys() == expected["state"].keys()
+    assert all(torch.equal(state[k], expected["state"][k]) for k in state)

@@ -224,6 +224,16 @@ def load_checkpoint(path: str, model, optimizer=None, dev=None, scaler=None) -> 
     return ckpt["epoch"]
 
 
+def _from_rank_0(value):
+    """``value`` as rank 0 has it (``dist.broadcast_object_list``), on every rank; ``value``
+    itself outside a process group."""
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def _setup(cfg: ScriptConfig):
     """Device, model (wrapped in DDP inside a process group), optimizer, gradient scaler, first
     epoch."""
@@ -234,10 +244,13 @@ def _setup(cfg: ScriptConfig):
     scaler = mixed_precision(dev, cfg.amp).scaler()
     start = 0
     if cfg.resume:  # a missing file is an error, never a silent fresh start
-        if not Path(cfg.checkpoint).is_file():
+        # Rank 0 decides and every rank follows (_from_rank_0): ranks that each looked for
+        # themselves could disagree (no shared file system, NFS caching) and then wait in
+        # different collectives.
+        if not _from_rank_0(Path(cfg.checkpoint).is_file()):
             raise FileNotFoundError(f"resume=True: không có file checkpoint {cfg.checkpoint!r} "
                                     "để nạp; bỏ resume để huấn luyện từ đầu.")
-        start = load_checkpoint(cfg.checkpoint, model, optimizer, dev, scaler) + 1
+        start = _from_rank_0(load_checkpoint(cfg.checkpoint, model, optimizer, dev, scaler) + 1)
     # DDP wraps the same parameter tensors, so the optimizer built above still updates them.
     wrapped = apply_ddp(model) if dist.is_initialized() else model
     return dev, wrapped, optimizer, scaler, start

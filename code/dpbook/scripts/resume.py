@@ -6,11 +6,15 @@
 * Every ``ckpt_every`` steps all ranks save model and Adam state with Distributed Checkpoint into
   ``DIR/step_<n>``; rank 0 then writes a marker file there. Only a directory with the marker
   counts as a checkpoint, so a crash in the middle of a save leaves the previous one as latest.
-* At start every rank loads the latest complete checkpoint, if any, and continues after it.
+* At start rank 0 picks the latest complete checkpoint, if any, and broadcasts its choice; every
+  rank loads that one and continues after it (ranks that each looked for themselves could pick
+  different steps: no shared file system, or NFS caching a directory listing).
 * The batch of step ``n`` is a pure function of ``n`` (``batch_indices``): a resumed run sees
   exactly the batches the uninterrupted run saw after that step.
-* On the first attempt only (``TORCHELASTIC_RESTART_COUNT == "0"``), rank ``kill_rank`` sends
-  itself SIGKILL right after step ``kill_step``: a real crash, no Python cleanup. torchrun's agent
+* On the first attempt only (``attempt() == 0``: rank 0 counts the starts of this torchrun job in
+  the progress log and broadcasts the number, since ``TORCHELASTIC_RESTART_COUNT`` is kept per
+  agent and differs between nodes after a restart), rank ``kill_rank`` sends itself SIGKILL
+  right after step ``kill_step``: a real crash, no Python cleanup. torchrun's agent
   sees the dead worker, stops the others and, if ``--max_restarts`` allows, starts them again.
 * ``run`` is the same training as a ``launch.spawn`` rank function: a job that simply ends
   after ``--steps`` steps (a scheduler's time limit) and a later job that continues it.
@@ -41,6 +45,10 @@ from ._cli import vietnamese_parser
 
 MARKER = "COMPLETE"  # written by rank 0 after every rank finished its part of a save
 PROGRESS = "progress.jsonl"
+# Test only (tests/scripts/test_resume.py): with this variable set to a number of seconds, in a
+# run that starts fresh every worker, after the first checkpoint, writes its pid to
+# ``ckpt_dir/pid.<rank>`` and waits there that long (or until the test stops or kills it).
+HOLD_VAR = "DPBOOK_TEST_HOLD_AFTER_CKPT_S"
 
 
 @dataclass(frozen=True)
@@ -154,14 +162,46 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+_ATTEMPT = {"n": 0}  # set by agree_on_start in every rank: the same number everywhere
+
+
 def attempt() -> int:
-    """Which start of the worker group this is: 0 first, then 1, 2... after each restart."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    """Which start of the worker group this is: 0 first, then 1, 2... after each restart; the
+    number rank 0 chose at the start of ``train`` (``agree_on_start``), 0 before."""
+    return _ATTEMPT["n"]
+
+
+def agree_on_start(cfg: ResumeConfig) -> int:
+    """Rank 0 decides where this start of the group resumes (the latest complete checkpoint,
+    0 for none) and which start it is, and broadcasts both: every rank then loads the same
+    step, even where the ranks see different files (no shared file system, NFS caching).
+
+    Which start: the starts of this torchrun job (``TORCHELASTIC_RUN_ID``) that rank 0 logged in
+    ``PROGRESS`` so far. ``TORCHELASTIC_RESTART_COUNT`` cannot say it: each agent keeps its own
+    and raises it only when its own workers failed (torch/distributed/elastic/agent/server/
+    api.py, ``SimpleElasticAgent._invoke_run``), so after a crash on one node the agents
+    disagree. Without torchrun (``launch.spawn``) every call is start 0."""
+    choice = [0, 0]
+    if dist.get_rank() == 0:
+        job = os.environ.get("TORCHELASTIC_RUN_ID")
+        starts = sum(1 for e in read_events(cfg.ckpt_dir)
+                     if job is not None and e["event"] == "start" and e["job"] == job)
+        choice = [latest_checkpoint(cfg.ckpt_dir), starts]
+    dist.broadcast_object_list(choice, src=0)
+    start, _ATTEMPT["n"] = choice
+    return start
 
 
 def crash_now(cfg: ResumeConfig, step: int, rank: int) -> bool:
     """Whether this rank must crash after ``step``: first attempt, the chosen rank and step."""
     return attempt() == 0 and cfg.kill_step == step and cfg.kill_rank == rank
+
+
+def _hold(cfg: ResumeConfig, rank: int, seconds: float) -> None:
+    """Test only (``HOLD_VAR``): publish this worker's pid, then wait for the test's signal."""
+    _write_atomically(Path(cfg.ckpt_dir) / f"pid.{rank}", str(os.getpid()))
+    time.sleep(seconds)
+    raise SystemExit(f"{HOLD_VAR}: không ai dừng worker rank {rank} sau {seconds} s.")
 
 
 def _log(cfg: ResumeConfig, **event) -> None:
@@ -194,7 +234,7 @@ def train(cfg: ResumeConfig) -> dict:
     if cfg.kill_rank is not None and cfg.kill_rank >= world:
         raise ValueError(f"kill_rank={cfg.kill_rank} phải nhỏ hơn world_size={world}.")
     model, optimizer = build(cfg)
-    start = latest_checkpoint(cfg.ckpt_dir)
+    start = agree_on_start(cfg)
     if start:
         start = load_checkpoint(model, optimizer, start, cfg)
     _log(cfg, event="start", from_step=start, world_size=world)
@@ -208,6 +248,8 @@ def train(cfg: ResumeConfig) -> dict:
         if step % cfg.ckpt_every == 0:
             _log(cfg, event="checkpoint", step=step,
                  seconds=save_checkpoint(model, optimizer, step, cfg))
+            if os.environ.get(HOLD_VAR) and start == 0 and step == cfg.ckpt_every:
+                _hold(cfg, rank, float(os.environ[HOLD_VAR]))
         if attempt() == 0 and cfg.kill_step == step:
             dist.barrier()  # every rank has finished (and logged) this step
             if crash_now(cfg, step, rank):
@@ -387,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with process_group():
         Path(cfg.ckpt_dir).mkdir(parents=True, exist_ok=True)
         if dist.get_rank() == 0:
-            print(start_line(cfg.ckpt_dir), flush=True)
+            print(start_line(cfg.ckpt_dir), flush=True)  # what rank 0 is about to choose
         result = train(cfg)
         if dist.get_rank() == 0:
             Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)

@@ -168,7 +168,7 @@ def run_process(cmd, timeout: float = 120.0, env: dict | None = None,
 def run(target: str, args=(), *, nproc_per_node: int = 2, nnodes: int = 1,
         max_restarts: int = 0, timeout: float = 120.0, module: bool = True,
         env: dict | None = None, cwd: str | None = None, check: bool = True,
-        backend: str = "auto") -> list[AgentResult]:
+        backend: str = "auto", during=None) -> list[AgentResult]:
     """Start ``nnodes`` torchrun agents (``nproc_per_node`` workers each) on this machine, wait
     for all of them and return one ``AgentResult`` per agent, in node order.
 
@@ -177,6 +177,8 @@ def run(target: str, args=(), *, nproc_per_node: int = 2, nnodes: int = 1,
 
     ``check=True`` raises ``RuntimeError`` (with every agent's output) if an agent fails.
     After ``timeout`` seconds every agent and worker is killed and ``TimeoutError`` is raised.
+    ``during``, if given, is called about every 0.1 s while the agents run, with their
+    ``subprocess.Popen`` objects (a test injects faults from there).
     """
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout phải là số giây dương, nhận được {timeout!r}.")
@@ -192,7 +194,7 @@ def run(target: str, args=(), *, nproc_per_node: int = 2, nnodes: int = 1,
         for cmd, log in zip(cmds, logs):
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                           env=_env(env), cwd=cwd))
-        _wait_all(procs, timeout, logs)
+        _wait_all(procs, timeout, logs, during)
         results = [AgentResult(i, tuple(c), p.returncode, _read(log))
                    for i, (c, p, log) in enumerate(zip(cmds, procs, logs))]
     finally:
@@ -235,9 +237,11 @@ def _read(log) -> str:
     return log.read()
 
 
-def _wait_all(procs: list[subprocess.Popen], timeout: float, logs) -> None:
+def _wait_all(procs: list[subprocess.Popen], timeout: float, logs, during=None) -> None:
     deadline = time.monotonic() + timeout
     while any(p.poll() is None for p in procs):
+        if during is not None:
+            during(procs)
         if time.monotonic() > deadline:
             for p in procs:
                 _kill_tree(p)

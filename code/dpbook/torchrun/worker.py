@@ -9,10 +9,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import secrets
 import socket
+import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 from ..launch import BACKENDS as LAUNCH_BACKENDS, pick_backend
 from ..launch import INIT_BARRIER, device, leave_groups
@@ -99,32 +102,93 @@ def choose_backend(environ: dict, gpus: int,
 
 _SEEN: dict = {}  # what init_from_env learnt about this process (host_ranks_seen)
 
+# Test only: seconds after which the process group and the store give up (the book's tests set
+# it so that a hang fails in seconds). Unset, PyTorch's defaults apply: 30 min for gloo, 10 min
+# for NCCL (torch/distributed/constants.py, distributed_c10d._get_default_timeout).
+TIMEOUT_VAR = "DPBOOK_TEST_PG_TIMEOUT_S"
+
+
+def test_timeout(environ: dict | None = None) -> datetime.timedelta | None:
+    """The timeout ``TIMEOUT_VAR`` asks for (tests only), or ``None``: PyTorch's default."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(TIMEOUT_VAR, "")
+    if not raw:
+        return None
+    seconds = float(raw)
+    if not seconds > 0:
+        raise ValueError(f"{TIMEOUT_VAR}={raw!r}: cần một số giây dương.")
+    return datetime.timedelta(seconds=seconds)
+
+
+def agree_on_start(store, rank: int, world_size: int,
+                   timeout: datetime.timedelta, poll_s: float = 0.02) -> str:
+    """A key prefix that every worker of this start of the group gets, and that no earlier
+    start used: rank 0 draws it at random and hands it to each rank in answer to a nonce that
+    rank drew, so a key left by a previous start can never be mistaken for this one's.
+
+    torchrun's agents share one TCPStore for the whole job (``dynamic_rendezvous.py``,
+    ``next_rendezvous``: the shared store server is created once, at the first round, and
+    every restart gets the same ``MASTER_ADDR:MASTER_PORT``), so a restarted group finds there
+    every key the previous start wrote. Nothing in the workers' environment tells two starts
+    apart on every node: ``TORCHELASTIC_RESTART_COUNT`` is kept per agent and rises only on the
+    agent whose own workers failed (``elastic/agent/server/api.py``, ``_invoke_run``), the
+    rendezvous round is not passed to the workers, and ``TORCHELASTIC_RUN_ID`` is the same for
+    the whole job."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    if rank != 0:
+        nonce = secrets.token_hex(8)
+        store.set(f"dpbook_join/{rank}", nonce)
+        store.wait([f"dpbook_ack/{nonce}"], timeout)
+        prefix = store.get(f"dpbook_ack/{nonce}").decode()
+        store.set(f"{prefix}/dpbook_joined/{rank}", "1")
+        return prefix
+    prefix = f"dpbook_start_{secrets.token_hex(8)}"
+    acked: dict[int, bytes] = {}
+    waiting = set(range(1, world_size))
+    while waiting:
+        for r in sorted(waiting):
+            if store.check([f"{prefix}/dpbook_joined/{r}"]):
+                waiting.discard(r)
+            elif store.check([f"dpbook_join/{r}"]):
+                nonce = store.get(f"dpbook_join/{r}")
+                if acked.get(r) != nonce:  # an old nonce gets an answer nobody reads
+                    store.set(f"dpbook_ack/{nonce.decode()}", prefix)
+                    acked[r] = nonce
+        if waiting:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Rank 0: sau {timeout.total_seconds():g} s vẫn chưa thấy "
+                                   f"rank {sorted(waiting)} của lần khởi động này.")
+            time.sleep(poll_s)
+    return prefix
+
 
 def init_from_env() -> torch.device:
     """Join the process group described by torchrun's variables with the backend
     ``choose_backend`` picks, and return this worker's device (``launch.device()``).
 
-    torchrun keeps one TCPStore (the agent's) for the whole job, and a restarted worker group
-    finds there the keys the previous attempt left: peers' addresses, now dead (with gloo, PyTorch
-    2.13 sometimes connects to them and the restart fails). The store is therefore wrapped in a
-    prefix of its own per attempt (``TORCHELASTIC_RESTART_COUNT``), so no worker reads a stale key.
-    The same store tells each worker which ranks share its machine, before any GPU is chosen.
+    Under torchrun's shared agent store (``TORCHELASTIC_USE_AGENT_STORE=True``, the default),
+    that store lives as long as the job, so a restarted group finds the keys the previous start
+    left there (gloo's peer addresses, the init barrier's counter). The workers therefore first
+    agree on a prefix of their own for this start (``agree_on_start``: rank 0 draws it, every
+    node gets the same one) and use the store only under it. The same store tells each worker
+    which ranks share its machine, before any GPU is chosen. Timeouts are PyTorch's (30 min
+    gloo, 10 min NCCL) unless a test sets ``TIMEOUT_VAR``.
     """
     # A script started by the reader's own torchrun gets the init barrier too (dpbook.launch).
     os.environ.update(INIT_BARRIER)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    timeout = test_timeout()
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         backend, index = choose_backend(dict(os.environ), gpus)
         if index is not None:
             torch.cuda.set_device(index)  # before init: NCCL binds this process to it
-        dist.init_process_group(backend=backend)  # env://: a fresh store, nothing stale
+        dist.init_process_group(backend=backend, timeout=timeout)  # env://: a fresh store
         return device()
-    timeout = datetime.timedelta(seconds=60)
     agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                is_master=False, timeout=timeout)
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(f"dpbook_attempt_{attempt}", agent_store)
+                                is_master=False, timeout=timeout or default_pg_timeout)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    prefix = agree_on_start(agent_store, rank, world_size, timeout or default_pg_timeout)
+    store = dist.PrefixStore(prefix, agent_store)
     host_ranks = ranks_on_this_host(store, rank, world_size)
     _SEEN["host_ranks"] = host_ranks
     backend, index = choose_backend(dict(os.environ), gpus, host_ranks)
