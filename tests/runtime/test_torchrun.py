@@ -107,3 +107,42 @@ def test_a_worker_always_leaves_its_group_and_aborts_it_after_a_failure(monkeypa
         with worker.process_group():
             raise ValueError("hỏng")
     assert left == [("nccl", False), ("nccl", True)]
+
+
+def test_every_rank_of_a_start_gets_the_same_fresh_prefix_despite_stale_keys():
+    """torchrun's agent store lives as long as the job: the second start of a 3-rank group finds
+    the first start's keys, and ranks 1 and 2 join late (rank 0 reads their stale nonces first).
+    Every rank of each start must still get one prefix, a new one."""
+    import datetime
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch.distributed as dist
+    from dpbook.torchrun import worker
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    timeout = datetime.timedelta(seconds=20)
+
+    def start(world, late=()):
+        def one(rank):
+            store = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timeout)
+            if rank in late:
+                time.sleep(0.3)
+            return worker.agree_on_start(store, rank, world, timeout)
+        with ThreadPoolExecutor(world) as pool:
+            return list(pool.map(one, range(world)))
+
+    first, second = start(3), start(3, late={1, 2})
+    assert len(set(first)) == 1 and len(set(second)) == 1 and first[0] != second[0]
+    assert start(1) != [second[0]]
+
+
+def test_pytorch_timeouts_unless_a_test_asks():
+    import datetime
+
+    from dpbook.torchrun import worker
+
+    assert worker.test_timeout({}) is None and worker.test_timeout({worker.TIMEOUT_VAR: ""}) is None
+    assert worker.test_timeout({worker.TIMEOUT_VAR: "20"}) == datetime.timedelta(seconds=20)
+    with pytest.raises(ValueError, match=worker.TIMEOUT_VAR):
+        worker.test_timeout({worker.TIMEOUT_VAR: "0"})
