@@ -271,12 +271,13 @@ class Row:
     peak: int  # largest peak over ranks
     peak_method: str  # "cuda" or "memtracker"
     peak_breakdown: dict  # rank 0's peak by kind (MemTracker only)
-    volume: StepVolume  # bytes rank 0 sent in one step
-    by_group: dict  # {group ranks: {collective: bytes rank 0 sent}}
+    volume: StepVolume  # the ring formula's bytes rank 0 sends for the step's collectives
+    by_group: dict  # {group ranks: {collective: ring formula's bytes rank 0 sends}}
     calls: int  # collectives rank 0 issued in the step
     step_time: float  # seconds: the slowest rank's median
     predicted: Prediction
     in_step: dict  # rank 0's ``Held`` at each of ``MOMENTS`` ({} for DDP)
+    wire: object = None  # ``measure.WireCount`` of rank 0's sockets in the step; None off gloo
 
     @property
     def short(self) -> str:
@@ -289,8 +290,8 @@ class Row:
 
 
 def by_group(records) -> dict:
-    """Bytes sent per process group (its global ranks) and per collective."""
-    return bytes_by_group((r.group_ranks, r.collective, r.sent_bytes) for r in records)
+    """The ring formula's bytes sent per process group (its global ranks) and per collective."""
+    return bytes_by_group((r.group_ranks, r.collective, r.ring_share_bytes) for r in records)
 
 
 def collect(results: list, parallels) -> list[Row]:
@@ -314,7 +315,7 @@ def collect(results: list, parallels) -> list[Row]:
             by_group(r0["records"]), len(r0["records"]),
             max(statistics.median(r["step_times"]) for r in per_rank),
             predict(par, r0["num_params"], world_size, r0["root_params"], unit),
-            dict(r0["in_step"])))
+            dict(r0["in_step"]), r0.get("wire")))
     return rows
 
 
@@ -347,17 +348,20 @@ def table(rows: list[Row]) -> str:
 
 
 def comm_table(rows: list[Row]) -> str:
-    """Bytes rank 0 sent in one step, per collective and pass, beside the formula's total."""
+    """Bytes rank 0 sends in one step by the ring formula, per collective and pass, beside the
+    prediction from P and the bytes measured on rank 0's sockets (gloo; "—" elsewhere)."""
     cols = (("all_gather_forward", "AG xuôi"), ("all_gather_backward", "AG ngược"),
             ("reduce_scatter", "RS"), ("all_reduce", "AR"))
     head = f"{'cách chạy':<18}" + "".join(f"{t:>10}" for _, t in cols) + \
-        f"{'tổng đo':>10}{'công thức':>11}"
+        f"{'tổng':>10}{'dự đoán':>11}{'đo trên socket':>16}"
     lines = [head, "-" * len(head)]
     for r in rows:
         vals = "".join(f"{vi.grouped(getattr(r.volume, f)):>10}" for f, _ in cols)
+        wire = "—" if r.wire is None else vi.grouped(r.wire.sent)
         lines.append(f"{r.short:<18}{vals}{vi.grouped(r.volume.total):>10}"
-                     f"{vi.grouped(r.predicted.volume.total):>11}")
-    lines.append("(byte mà rank 0 gửi trong một bước, theo thuật toán vòng)")
+                     f"{vi.grouped(r.predicted.volume.total):>11}{wire:>16}")
+    lines.append("(byte rank 0 gửi trong một bước: công thức vòng áp lên các phép toán tập thể ghi "
+                 "được, dự đoán từ P, và số đo trên socket của gloo)")
     return "\n".join(lines)
 
 
