@@ -37,7 +37,9 @@ LAYER = {name: layer for layer, names in LAYERS.items() for name in names}
 SHARED_WIDGET_MODULES = {"player", "svg", "live"}  # what every widget may use
 WIDGET_AGGREGATORS = {"export", "__main__"}  # these import every widget on purpose
 MAX_TOP_LEVEL_MODULES = 22
-MAX_PAGE_IMPORTS = 6
+# 7, not 6: pages that show bytes measured on the socket import `measure` beside `costs` (the
+# formula), which 4.1.6, 4.1.8 and Bài C now do.
+MAX_PAGE_IMPORTS = 7
 # How a number looks (``vi``) and the palette (``style``) are not concepts a page teaches: every
 # page may print through ``vi`` (``tests/test_style.py`` requires it) without giving up a concept.
 NOT_COUNTED = {"dpbook.vi", "dpbook.style"}

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
+from .. import vi
 from ..launch import BACKENDS as LAUNCH_BACKENDS, pick_backend
 from ..launch import INIT_BARRIER, device, leave_groups
 from . import BACKEND_VAR
@@ -156,7 +157,7 @@ def agree_on_start(store, rank: int, world_size: int,
                     acked[r] = nonce
         if waiting:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"Rank 0: sau {timeout.total_seconds():g} s vẫn chưa thấy "
+                raise TimeoutError(f"Rank 0: sau {vi.general(timeout.total_seconds())} s vẫn chưa thấy "
                                    f"rank {sorted(waiting)} của lần khởi động này.")
             time.sleep(poll_s)
     return prefix
