@@ -8,8 +8,9 @@ worker thread that releases the finished work, and with it the AllGather output 
 only after ``wait()`` has returned in the rank's thread (``ProcessGroupGloo::runLoop``:
 ``workInProgress_[workerIndex].reset()`` after ``execute``). When that thread is late, the last
 block's gathered parameters (264 960 B) are still alive at the mark. The fix
-(``modern_fsdp.probe_mesh``): shard on a gloo group with one worker thread and let the probe issue
-a barrier on it before each mark, so the reset has happened.
+(``measure.settle_collectives``, which ``MemoryProbe`` calls before each mark): a barrier outside
+the tracker, then a pause longer than the interpreter's switch interval, for the worker to take
+the GIL and drop the work.
 
     .venv/bin/python benchmarks/fsdp_memory_race.py [--marks 200]
 
@@ -26,7 +27,7 @@ from dpbook import launch
 from dpbook.pages import modern_fsdp as mf
 
 
-def marks(rank: int, world_size: int, n: int, fixed: bool) -> dict:
+def marks(rank: int, world_size: int, n: int, settle: bool) -> dict:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointWrapper, apply_activation_checkpointing)
 
@@ -38,14 +39,13 @@ def marks(rank: int, world_size: int, n: int, fixed: bool) -> dict:
         model = build_bucket_net()
         if mode == "có":
             apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, BucketBlock))
-        mesh = mf.probe_mesh() if fixed else None
         shard_blocks(model, CheckpointWrapper if mode == "có" else BucketBlock,
-                     reshard_after_forward=True, **({"mesh": mesh} if fixed else {}))
+                     reshard_after_forward=True)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         x, y = mf._data(rank, world_size, mf.AC_BATCH, 32, 256)
         train_step(model, opt, x, y)
         for _ in range(n):
-            with mf.MemoryProbe(model, opt, mesh=mesh) as probe:
+            with mf.MemoryProbe(model, opt, settle=settle) as probe:
                 probe.mark("start")
                 out = model(x)
                 probe.mark("after forward")
@@ -61,9 +61,9 @@ def main() -> None:
     args = parser.parse_args()
     expected = {"không": mf.activation_bytes(mf.AC_BATCH),
                 "có": mf.activation_bytes(mf.AC_BATCH, checkpointed=True)}
-    for fixed in (False, True):
+    for settle in (False, True):
         results = launch.spawn(marks, world_size=2, timeout=1200, output="none",
-                               n=args.marks, fixed=fixed)
+                               n=args.marks, settle=settle)
         total = off = 0
         extra = collections.Counter()
         for seen in results:
@@ -72,7 +72,7 @@ def main() -> None:
                 if alive != expected[mode]:
                     off += count
                     extra[alive - expected[mode]] += count
-        name = "probe_mesh() + barrier" if fixed else "nhóm mặc định, không barrier"
+        name = "settle_collectives()" if settle else "đọc ngay, không chờ"
         print(f"{name:<30} {off} / {total} lần đo lệch; lệch (B): {dict(extra) or '-'}")
 
 

@@ -386,6 +386,29 @@ def gloo_step_wire(records, rank: int = 0, header: int = GLOO_PREAMBLE) -> WireC
     return WireCount(total.sent, total.received)
 
 
+def settle_collectives(pause: float = 0.01) -> None:
+    """Let the gloo backend let go of the collectives that have finished, before memory is read.
+
+    gloo runs each collective on one of its worker threads (2 per group), which drops its
+    reference to the finished work, and with it to the work's output tensor, only after
+    ``wait()`` has returned in the rank's thread (``ProcessGroupGloo::runLoop``:
+    ``workInProgress_[workerIndex].reset()`` comes after ``execute``); the storage's Python
+    object then dies on that thread, which needs the GIL. Read at once, memory still holds the
+    last buffer a program let go of: FSDP2's last AllGather output, 264 960 B, in 12 of 800
+    marks of ``benchmarks/fsdp_memory_race.py``. A barrier on the default group (outside any
+    dispatch mode, so that a ``MemTracker`` does not count its own tensor) waits on a round trip
+    to every peer with the GIL released, then ``pause`` seconds more, beyond the interpreter's
+    5 ms switch interval, let the worker take the GIL: 0 of 800 marks off after it. No-op
+    without a process group and on NCCL, where ``torch.cuda`` statistics are read instead."""
+    if not dist.is_initialized() or dist.get_backend() != "gloo":
+        return
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        dist.barrier()
+    time.sleep(pause)
+
+
 def local_bytes(t: torch.Tensor) -> int:
     """Bytes this rank stores for ``t``: the local shard of a DTensor, else the tensor."""
     local = t.to_local() if hasattr(t, "to_local") else t

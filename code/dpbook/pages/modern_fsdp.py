@@ -29,7 +29,7 @@ import torch.distributed as dist
 from ..checks import int_at_least
 from ..data import rank_batch, synthetic_regression
 from ..launch import device
-from ..measure import CommLog, local_bytes, state_bytes, time_steps
+from ..measure import CommLog, local_bytes, settle_collectives, state_bytes, time_steps
 from ..models import BucketBlock, build_bucket_net, build_mlp
 from ..tracing.lifecycle import record_lifecycle, set_prefetch
 from ..train import apply_ddp, apply_fsdp2, shard_blocks, train_step
@@ -175,38 +175,18 @@ def gathered_before(order, unit: int, marker: str = "compute") -> list[int]:
 
 # ------------------------------------------------------------------ measuring on a rank
 
-def probe_mesh():
-    """The mesh of the runs ``MemoryProbe`` measures: on a GPU the rank's own; on the CPU one over
-    a gloo group with a single worker thread, which ``MemoryProbe`` drains before each mark.
-
-    Why: gloo runs a collective on a worker thread that drops its reference to the finished work,
-    and with it to the work's output tensor, only after ``wait()`` has returned in the rank's
-    thread (``ProcessGroupGloo::runLoop``: ``workInProgress_[workerIndex].reset()`` comes after
-    ``execute``). The last AllGather output FSDP2 lets go of is therefore freed at a moment that
-    races the next mark: 264 960 B more "after forward" in about 3 % of marks on a busy CPU. With
-    one worker thread, a barrier runs after that reset, so a mark after it sees a settled state."""
-    from torch.distributed.device_mesh import DeviceMesh
-
-    from ..train import rank_mesh
-
-    if device().type == "cuda":
-        return rank_mesh()
-    opts = dist.ProcessGroupGloo._Options()
-    opts._threads = 1
-    return DeviceMesh.from_group(dist.new_group(backend="gloo", pg_options=opts), "cpu")
-
-
 class MemoryProbe:
     """Bytes allocated on this rank at chosen moments (``mark``), relative to the first mark:
     CUDA's counter on a GPU; on the CPU, the current snapshot of PyTorch's ``MemTracker``, which
-    must be created with the model and optimizer it should count (``tracked``). ``mesh``: the
-    ``probe_mesh()`` the measured model is sharded on; on the CPU each mark first waits for its
-    group's worker to release every finished collective (a barrier, outside the tracker)."""
+    must be created with the model and optimizer it should count (``tracked``). On the CPU each
+    mark first lets gloo release the collectives that have finished (``settle_collectives``):
+    without it a mark right after forward saw the last AllGather output in about 1,5 % of marks
+    (``settle=False`` shows it, ``benchmarks/fsdp_memory_race.py``)."""
 
-    def __init__(self, *tracked, mesh=None):
+    def __init__(self, *tracked, settle: bool = True):
         self.marks: list[tuple[str, int]] = []
         self.cuda = device().type == "cuda"
-        self._group = None if mesh is None or self.cuda else mesh.get_group()
+        self.settle = settle
         self.method = "cuda" if self.cuda else "memtracker"
         if not self.cuda:
             from torch.distributed._tools.mem_tracker import MemTracker
@@ -226,11 +206,8 @@ class MemoryProbe:
     def now(self) -> int:
         if self.cuda:
             return torch.cuda.memory_allocated()
-        if self._group is not None:
-            from torch.utils._python_dispatch import _disable_current_modes
-
-            with _disable_current_modes():  # the barrier's own tensors are not the model's
-                dist.barrier(group=self._group)
+        if self.settle:
+            settle_collectives()
         snap = self._tracker.get_tracker_snapshot("current")
         return int(next(v for k, v in snap.items() if torch.device(k).type == "cpu")["Total"])
 
@@ -251,14 +228,13 @@ def held_at_compute(rank: int, world_size: int, k: int, batch_size: int = BATCH)
     held when each Block starts computing (a pre-hook on its Linear runs after FSDP's
     pre-forward), relative to the start of forward."""
     model = build_mlp(depth=DEPTH)
-    mesh = probe_mesh()
-    apply_fsdp2(model, reshard_after_forward=True, mesh=mesh)
+    apply_fsdp2(model, reshard_after_forward=True)
     if k:
         set_prefetch(model.blocks, k, k)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x, y = _data(rank, world_size, batch_size, 16, 4)
     train_step(model, opt, x, y)  # Adam's state exists; gradients are None again
-    with MemoryProbe(model, opt, mesh=mesh) as probe:
+    with MemoryProbe(model, opt) as probe:
         hooks = [b.linear.register_forward_pre_hook(lambda *_, i=i: probe.mark(f"Block {i}"))
                  for i, b in enumerate(model.blocks)]
         probe.mark("start")
@@ -382,13 +358,12 @@ def recompute_runs(rank: int, world_size: int, batch_size: int = AC_BATCH) -> di
         model = build_bucket_net()
         if mode == "có":
             apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, BucketBlock))
-        mesh = probe_mesh()
         shard_blocks(model.to(device()), CheckpointWrapper if mode == "có" else BucketBlock,
-                     reshard_after_forward=True, mesh=mesh)
+                     reshard_after_forward=True)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         x, y = _data(rank, world_size, batch_size, 32, 256)
         train_step(model, opt, x, y)
-        with MemoryProbe(model, opt, mesh=mesh) as probe:
+        with MemoryProbe(model, opt) as probe:
             probe.mark("start")
             out_ = model(x)
             probe.mark("after forward")

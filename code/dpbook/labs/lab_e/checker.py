@@ -246,6 +246,7 @@ def kept_by(run, *tracked, probe=None) -> tuple[int, object, int | None]:
     import torch
 
     from ...launch import device
+    from ...measure import settle_collectives
 
     mid: list[int] = []
     if device().type == "cuda":
@@ -260,6 +261,7 @@ def kept_by(run, *tracked, probe=None) -> tuple[int, object, int | None]:
         tracker.track_external(*tracked)
 
         def current():
+            settle_collectives()  # gloo's worker may still hold a finished AllGather's output
             snap = tracker.get_tracker_snapshot("current")
             return sum(v.get("Total", 0) for k, v in snap.items()
                        if torch.device(k).type == "cpu")
