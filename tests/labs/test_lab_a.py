@@ -132,4 +132,4 @@ def test_weights_and_loss_hints_name_the_cause_the_traces_show():
     assert "evaluate(model.module, dataset)" in items["loss"].hint
 
 
-# A conversion without set_epoch, run for real: test_mutants.py (mutants/no_set_epoch.py).
+# A conversion without set_epoch, run for real: test_mutants.py (the no_set_epoch mutant).

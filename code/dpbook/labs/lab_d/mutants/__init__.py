@@ -7,19 +7,12 @@ test_mutants.py`` runs the checker on all of them (``broken_*.py`` of the lab ar
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+
+from ...mutant import Mutant
 
 HERE = Path(__file__).resolve().parent
 LAB = HERE.parent
-
-
-@dataclass(frozen=True)
-class Mutant:
-    path: Path
-    items: tuple[str, ...]  # the items that must fail, in report order
-    hint: str  # a phrase of the first item's hint that names the cause
-
 
 MUTANTS = {
     "ring_divisible": Mutant(LAB / "broken_ring_divisible.py", ("ring", "ring_bytes"), "tensor_split"),
