@@ -80,3 +80,17 @@ def grouped(n: float, sep: str = NARROW_NBSP) -> str:
 def ms(seconds: float, decimals: int = 2) -> str:
     """A duration in milliseconds: ``1,25 ms``."""
     return f"{number(seconds * 1e3, decimals)} ms"
+
+
+def glue(key: str, text: str) -> str:
+    """Hand ``text`` (a number already written by this module) to myst-nb as ``key``, so that the
+    page's prose pastes it with ``{glue:text}`key``` instead of typing it; returns ``text``.
+    Outside a notebook kernel (a test calling a page's code) nothing is pasted."""
+    try:
+        from myst_nb import glue as myst_glue
+        from IPython import get_ipython
+    except ImportError:
+        return text
+    if get_ipython() is not None:
+        myst_glue(key, text, display=False)
+    return text
