@@ -440,3 +440,45 @@ def test_every_page_fits_a_phone_and_its_formulas_render(device_page, html):
             math_errors[rel] = errors
     assert wide == {}, f"trang rộng hơn màn hình điện thoại 390 px: {wide}"
     assert math_errors == {}, f"công thức MathJax không dịch được (mjx-merror): {math_errors}"
+
+
+def test_reading_load_is_within_the_budgets(html):
+    """The chapter's budgets (DESIGN.md, issue 29), counted as a reader meets the built pages:
+    words shown by default and in all, long sentences, long paragraphs."""
+    from dpbook.tools import reading
+
+    pages = reading.measure(html)
+    assert len(pages) >= 30, [p.path for p in pages]
+    shown, total = sum(p.shown for p in pages), sum(p.total for p in pages)
+    long_sentences = [f"{p.path}: {s}" for p in pages for s in p.long_sentences]
+    long_paragraphs = [f"{p.path}: {s}" for p in pages for s in p.long_paragraphs]
+    table = reading.report(pages)
+    assert shown <= reading.BUDGET["shown"], table
+    assert total <= reading.BUDGET["all"], table
+    assert len(long_sentences) <= reading.BUDGET["long_sentences"], "\n".join(long_sentences)
+    assert not long_paragraphs, "\n".join(long_paragraphs)
+
+
+def test_every_page_opens_with_its_reading_and_running_time(html):
+    from dpbook.tools import reading
+
+    for page in reading.chapter_pages(html):
+        text = page.read_text(encoding="utf-8")
+        stamp = re.search(r'<p class="dpbook-stamp">([^<]*)</p>', text)
+        assert stamp, f"{page}: thiếu dòng thời gian đọc"
+        words = reading.measure_html(text).shown
+        assert stamp.group(1).startswith(reading.stamp(words, None)), (page, stamp.group(1))
+        if (page.parent / (page.stem + ".ipynb")).exists() or "cell_input" in text:
+            assert "chạy các ô mã khoảng" in stamp.group(1), (page, stamp.group(1))
+
+
+def test_prose_numbers_come_from_the_runs_or_cite_a_source(html):
+    """Every number with a decimal comma or grouped thousands in the prose (shown or collapsed,
+    maths included) is pasted from a run (myst-nb ``glue``) or stands in a block that cites its
+    source (a bibliography entry or an external link)."""
+    from dpbook.tools import reading
+
+    found = [f"{page.relative_to(html)}: {n}" for page in reading.chapter_pages(html)
+             for n in reading.unglued_numbers(page.read_text(encoding="utf-8"))]
+    assert not found, f"{len(found)} số trong lời văn không glue, không dẫn nguồn:\n" + \
+        "\n".join(found[:80])

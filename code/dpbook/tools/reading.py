@@ -1,7 +1,8 @@
 """The reader's load, counted on the built book: words shown by default and in all, reading time,
 long sentences and long paragraphs, per page and in total.
 
-``python -m dpbook.tools.reading [_build/html]`` prints the table; the build puts each page's
+``python -m dpbook.tools.reading [_build/html] [-v] [-n]`` prints the table (``-v``: the long
+sentences and paragraphs; ``-n``: the prose numbers neither glued from a run nor cited); the build puts each page's
 reading and running time at its top (``stamp``), and ``tests/test_built_book.py`` holds the
 chapter to the budgets of ``../shared/DESIGN.md`` (``BUDGET``).
 
@@ -26,8 +27,9 @@ WORDS_PER_MINUTE = 150  # the editor's review's reading speed for technical Viet
 BUDGET = {"shown": 45_000, "all": 95_000, "long_sentences": 20, "paragraph": 150}
 LONG_SENTENCE = 60
 
+# A bibliography entry (``citation-list``) is a reference, not prose.
 _SKIP = ("cell_input", "cell_output", "highlight", "math", "dpbook-stamp", "headerlink",
-         "toggle-button", "sd-summary-up", "sd-summary-down")
+         "toggle-button", "sd-summary-up", "sd-summary-down", "citation-list")
 _SENTENCE_END = re.compile(r"(?<=[.!?…])\s+(?=[\"“(]?[A-ZĐÀ-Ỹ0-9`])")
 
 
@@ -110,16 +112,16 @@ def _inside_collapsed(tag: Tag, root: Tag) -> bool:
     return False
 
 
-def article(html: str) -> Tag | None:
+def article(html: str) -> Tag:
+    """The page's article in a whole built page, or the fragment itself (a page's body while
+    it is being written)."""
     soup = BeautifulSoup(html, "html.parser")
-    return soup.find("article", class_="bd-article") or soup.find("main")
+    return soup.find("article", class_="bd-article") or soup
 
 
 def measure_html(html: str, path: str = "") -> Page:
     page = Page(path)
     root = article(html)
-    if root is None:
-        return page
     counts = [0, 0]
     _walk(root, False, counts)
     page.shown, page.hidden = counts
@@ -135,6 +137,47 @@ def measure_html(html: str, path: str = "") -> Page:
             if len(sentence.split()) > LONG_SENTENCE:
                 page.long_sentences.append(sentence[:80] + "…")
     return page
+
+
+# A number a reader takes for a result: a decimal comma (``1,5``) or grouped thousands
+# (``11 728``, any space), in prose or in maths (``10{,}5``, ``11\,728``).
+_NUMBER = re.compile(r"\d+(?:,|\{,\})\d+|\d{1,3}(?:(?:[ \u00a0\u202f\u2009]|\\,)\d{3})+(?!\d)")
+_BLOCKS = ("p", "li", "td", "th", "dt", "dd", "h1", "h2", "h3", "h4", "caption", "figcaption")
+_NOT_PROSE = ("cell_input", "cell_output", "highlight", "pasted-text", "dpbook-stamp",
+              "citation-list")
+
+
+def _cited(block: Tag) -> bool:
+    """The block names its source: a bibliography citation or an external link."""
+    for a in block.find_all("a", href=True):
+        classes = a.get("class") or []
+        if "external" in classes or "references.html#" in a["href"]:
+            return True
+    return False
+
+
+def unglued_numbers(html: str) -> list[str]:
+    """Numbers in the page's prose (shown or collapsed) that are neither pasted from a run
+    (myst-nb's ``glue``: ``span.pasted-text``) nor in a block that cites its source."""
+    root = article(html)
+    found = []
+    for block in root.find_all(_BLOCKS):
+        if block.find(_BLOCKS):
+            continue  # the innermost blocks carry the text
+        if any(any(c in _NOT_PROSE for c in (p.get("class") or [])) or p.name == "pre"
+               for p in block.parents if isinstance(p, Tag)):
+            continue
+        parts = []
+        for text in block.find_all(string=True):
+            if any(any(c in _NOT_PROSE for c in (p.get("class") or [])) for p in text.parents
+                   if isinstance(p, Tag) and p is not block.parent):
+                continue
+            parts.append(str(text))
+        text = " ".join("".join(parts).split())
+        numbers = _NUMBER.findall(text)
+        if numbers and not _cited(block):
+            found += [f"{n} | {text[:100]}" for n in numbers]
+    return found
 
 
 def chapter_pages(html_dir: Path) -> list[Path]:
@@ -179,13 +222,18 @@ def report(pages: list[Page]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    html_dir = Path(args[0] if args else "_build/html")
+    paths = [a for a in args if not a.startswith("-")]
+    html_dir = Path(paths[0] if paths else "_build/html")
     if not html_dir.is_dir():
         print(f"Không thấy thư mục {html_dir}: dựng sách trước (make book), hoặc chỉ đường dẫn "
               "tới thư mục html đã dựng.", file=sys.stderr)
         return 2
     pages = measure(html_dir)
     print(report(pages))
+    if "-n" in args:
+        for p in chapter_pages(html_dir):
+            for n in unglued_numbers(p.read_text(encoding="utf-8")):
+                print(f"{p.relative_to(html_dir)}: số chưa glue, chưa dẫn nguồn: {n}")
     if "-v" in args:
         for p in pages:
             for s in p.long_sentences:

@@ -14,14 +14,15 @@ script entries per page removes the error without touching either package.
 
 Search in Vietnamese (diacritics folded, glossary aliases) comes from ``dpbook.tools.search_vi``,
 the interface's strings in Vietnamese from ``dpbook.tools.interface_vi``, the executed notebooks
-to download from ``dpbook.tools.downloads``.
+to download from ``dpbook.tools.downloads``, each page's reading and running time at its top from
+``dpbook.tools.reading``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from . import downloads, execution_cache, interface_vi, search_vi
+from . import downloads, execution_cache, interface_vi, reading, search_vi
 
 
 def _drop_stale_outputs(app, config) -> None:
@@ -56,6 +57,26 @@ def _dedupe_scripts(app, pagename, templatename, context, doctree) -> None:
     scripts[:] = unique
 
 
+def _stamp_reading_time(app, pagename, templatename, context, doctree) -> None:
+    """Each page of the chapter opens with its reading time (words shown by default, counted as
+    ``dpbook.tools.reading`` counts them) and, for a notebook, the time its cells took to run
+    when the book was built (myst-nb's execution record)."""
+    body = context.get("body")
+    if not body or not pagename.startswith("book/") or "<h1" not in body:
+        return
+    from myst_nb.sphinx_ import NbMetadataCollector
+
+    try:
+        exec_data = NbMetadataCollector.get_exec_data(app.env, pagename)
+    except KeyError:
+        exec_data = None
+    runtime = exec_data.get("runtime") if exec_data else None
+    shown = reading.measure_html(body).shown
+    line = f'<p class="dpbook-stamp">{reading.stamp(shown, runtime)}</p>'
+    end = body.index("</h1>") + len("</h1>")
+    context["body"] = body[:end] + line + body[end:]
+
+
 def _html_handlers_for_singlehtml(app) -> None:
     # Sphinx takes a node's handlers from the builder's name and falls back to its format only
     # when no extension registered any for that name (``SphinxComponentRegistry.create_translator``).
@@ -73,6 +94,7 @@ def setup(app):
     app.connect("config-inited", _drop_stale_outputs)
     app.connect("build-finished", _record_inputs)
     app.connect("html-page-context", _dedupe_scripts, priority=900)
+    app.connect("html-page-context", _stamp_reading_time)
     app.connect("builder-inited", _html_handlers_for_singlehtml)
     search_vi.setup(app)
     interface_vi.setup(app)
