@@ -468,7 +468,7 @@ def test_every_page_opens_with_its_reading_and_running_time(html):
         assert stamp, f"{page}: thiếu dòng thời gian đọc"
         words = reading.measure_html(text).shown
         assert stamp.group(1).startswith(reading.stamp(words, None)), (page, stamp.group(1))
-        if (page.parent / (page.stem + ".ipynb")).exists() or "cell_input" in text:
+        if (html / "_sources" / page.relative_to(html).with_suffix(".ipynb")).exists():
             assert "chạy các ô mã khoảng" in stamp.group(1), (page, stamp.group(1))
 
 
