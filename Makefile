@@ -14,13 +14,20 @@ BIN := $(VENV)/bin
 TORCH ?=
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_VERSION := $(shell sed -n 's/^torch==//p' constraints.txt)
+#   TORCH=cu126 (any cuXYZ PyTorch publishes for that version) that CUDA build from PyTorch's own
+#       index: PyPI's Linux wheel is a CUDA 13 build, which needs an NVIDIA driver >= 580; on an
+#       older driver torch sees no GPU and the book runs on the CPU. `make doctor` and
+#       `make gpu-check` say when this is the case and which build to take. (PyTorch's index is not
+#       reachable from the reference machine: this line is not exercised by its tests.)
 ifeq ($(TORCH),)
 TORCH_REQUIREMENT := "torch"
 else ifeq ($(TORCH),cpu)
 # `==X+cpu`, not `==X`: an installed CUDA build of X would satisfy `==X` and stay.
 TORCH_REQUIREMENT := --index-url $(TORCH_CPU_INDEX) "torch==$(TORCH_VERSION)+cpu"
+else ifneq ($(filter cu%,$(TORCH)),)
+TORCH_REQUIREMENT := --index-url https://download.pytorch.org/whl/$(TORCH) "torch==$(TORCH_VERSION)+$(TORCH)"
 else
-$(error TORCH=$(TORCH): giá trị không hợp lệ; để trống (mặc định) hoặc TORCH=cpu)
+$(error TORCH=$(TORCH): giá trị không hợp lệ; để trống (mặc định), TORCH=cpu, hoặc một bản CUDA như TORCH=cu126)
 endif
 STAMP := $(VENV)/.dpbook-installed$(if $(TORCH),-$(TORCH))
 export PATH := $(CURDIR)/$(BIN):$(PATH)

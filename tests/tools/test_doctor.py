@@ -109,3 +109,24 @@ def test_cells_wrap_inside_their_columns():
     assert len(lines) == 6 and all(len(line) <= 32 for line in lines)
     assert lines[-1].rstrip().endswith("—")  # an empty cell shows a dash
     assert "Sách chạy thế nào trên máy này" in doctor.report(node())
+
+
+def with_driver(m, names, driver, cuda):
+    from dataclasses import replace
+    return replace(m, system_gpus=names, driver=driver, cuda_version=cuda)
+
+
+def test_gpus_torch_cannot_use_are_named_with_the_driver_and_the_build_to_install():
+    """D14: the driver lists GPUs, torch sees none. Which build to install depends on the
+    driver: CUDA 13 needs >= 580, CUDA 12 >= 525 (NVIDIA's release notes, doctor.MIN_DRIVER)."""
+    bare = node()
+    old = with_driver(bare, ("Tesla T4", "Tesla T4"), "550.54.15", "13.0")
+    advice = doctor.unusable_gpus_advice(old)
+    assert "CUDA 13.0, cần driver ≥ 580" in advice and "make setup TORCH=cu126" in advice
+    report = doctor.report(old)
+    assert "KHÔNG DÙNG ĐƯỢC" in report and "driver 550.54.15" in report
+    cpu = with_driver(bare, ("NVIDIA H100",), "580.95.05", None)
+    assert "chỉ chạy trên CPU" in doctor.unusable_gpus_advice(cpu)
+    ancient = with_driver(bare, ("Tesla K80",), "470.82.01", "13.0")
+    assert "nâng driver" in doctor.unusable_gpus_advice(ancient)
+    assert doctor.unusable_gpus_advice(bare) is None  # no driver, no GPU: nothing to fix

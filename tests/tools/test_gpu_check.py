@@ -144,3 +144,35 @@ def test_main_runs_the_flight_recorder_only_with_two_gpus_or_more():
     src = inspect.getsource(gpu_check.main)
     assert "if gpus >= FLIGHT_RECORDER_GPUS:\n        ok &= flight_recorder()" in src
     assert src.index("torch.cuda.is_available()") < src.index("flight_recorder()")
+
+
+def fake_nvidia_smi(tmp_path, lines):
+    """An ``nvidia-smi`` on PATH that lists GPUs as the driver would."""
+    exe = tmp_path / "nvidia-smi"
+    exe.write_text("#!/bin/sh\n" + "".join(f"echo '{line}'\n" for line in lines), encoding="utf-8")
+    exe.chmod(0o755)
+    return f"{tmp_path}:{__import__('os').environ['PATH']}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="máy có GPU: lệnh sẽ chạy thật")
+def test_gpus_the_driver_shows_but_torch_cannot_use_fail_with_the_build_to_install(tmp_path):
+    """The review's D14: a CUDA 13 wheel on a driver older than 580 sees no GPU. Here torch is a
+    CPU build, so the driver's GPUs are unusable whatever its version: exit 1, name the fix."""
+    path = fake_nvidia_smi(tmp_path, ["Tesla T4, 550.54.15", "Tesla T4, 550.54.15"])
+    proc = subprocess.run([sys.executable, "-m", "dpbook.tools.gpu_check"], capture_output=True,
+                          text=True, timeout=120, env={**__import__("os").environ, "PATH": path})
+    assert proc.returncode == 1, proc.stdout
+    assert "nvidia-smi thấy 2 GPU (Tesla T4, Tesla T4; driver 550.54.15)" in proc.stdout
+    assert "make setup TORCH=cu126" in proc.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="máy có GPU: lệnh sẽ chạy thật")
+def test_a_fallback_child_that_sees_no_gpu_fails():
+    proc = subprocess.run([sys.executable, "-m", "dpbook.tools.gpu_check", "--fallback", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "không thấy GPU nào" in proc.stdout
+
+
+def test_fallbacks_slice_the_gpus_this_job_was_given():
+    assert gpu_check.visible_devices(2, {"CUDA_VISIBLE_DEVICES": "4,5,6"}) == "4,5"
+    assert gpu_check.visible_devices(1, {}) == "0"

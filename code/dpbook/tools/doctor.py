@@ -23,6 +23,43 @@ SHM_ADVISED = 2 * 2**30
 SHM_MINIMUM = 2**30
 KAGGLE_2GPU = "notebook Kaggle với Accelerator “GPU T4 x2”"
 WIDTHS = (30, 30, 40)  # the columns of the modes table, in characters
+# The oldest Linux driver each CUDA major version runs on (NVIDIA, CUDA Toolkit release notes,
+# "CUDA Toolkit and Corresponding Driver Versions", https://docs.nvidia.com/cuda/archive/13.0.0/
+# cuda-toolkit-release-notes/index.html: CUDA 13.x needs >= 580; CUDA 12.x, with minor version
+# compatibility, >= 525). PyPI's torch wheel for Linux is a CUDA 13 build since torch 2.11.
+MIN_DRIVER = {13: 580, 12: 525}
+OLD_DRIVER_BUILD = "cu126"  # PyTorch's CUDA 12.6 build, from its own index (Makefile: TORCH=)
+
+
+def unusable_gpus_advice(m: Machine) -> str | None:
+    """What to install when the driver shows GPUs that this torch cannot use (``None``: not the
+    case). The driver's version decides which CUDA build it runs."""
+    if not m.unusable_gpus:
+        return None
+    names = ", ".join(m.system_gpus)
+    driver = m.driver or "không rõ"
+    seen = f"nvidia-smi thấy {len(m.system_gpus)} GPU ({names}; driver {driver})"
+    try:
+        major = int(driver.split(".")[0])
+    except ValueError:
+        major = None
+    if m.cuda_version is None:
+        return (f"{seen}, nhưng bản torch {m.torch_version} chỉ chạy trên CPU. Cài bản có CUDA: "
+                f"make setup TORCH={OLD_DRIVER_BUILD}" + (
+                    "" if major is None or major < MIN_DRIVER[13]
+                    else " (hoặc để trống TORCH: bản CUDA 13 của PyPI, driver này chạy được)")
+                + ".")
+    cuda_major = int(m.cuda_version.split(".")[0])
+    needed = MIN_DRIVER.get(cuda_major)
+    if major is not None and needed is not None and major < needed:
+        if major < MIN_DRIVER[12]:
+            return (f"{seen}, nhưng bản torch này dùng CUDA {m.cuda_version}, cần driver ≥ "
+                    f"{needed}; driver {driver} cũ hơn cả CUDA 12 (≥ {MIN_DRIVER[12]}): hãy nâng "
+                    "driver NVIDIA.")
+        return (f"{seen}, nhưng bản torch này dùng CUDA {m.cuda_version}, cần driver ≥ {needed}. "
+                f"Cài bản CUDA 12.6 cho driver cũ hơn: make setup TORCH={OLD_DRIVER_BUILD}.")
+    return (f"{seen}, nhưng torch (CUDA {m.cuda_version}) không dùng được GPU nào: xem "
+            "python -c \"import torch; torch.cuda.init()\" để biết lỗi của CUDA.")
 
 
 @dataclass(frozen=True)
@@ -46,7 +83,8 @@ def facts(m: Machine) -> list[tuple[str, str]]:
             ("/dev/shm", gib(m.shm_bytes) if m.shm_bytes is not None else "không có"),
             ("PyTorch", f"{m.torch_version}, {cuda}")]
     if not m.gpus:
-        rows.append(("GPU", "không có"))
+        rows.append(("GPU", "KHÔNG DÙNG ĐƯỢC: " + unusable_gpus_advice(m) if m.unusable_gpus
+                     else "không có"))
     for g in m.gpus:
         built = "" if g.built_for else f", bản torch này KHÔNG có mã cho {g.sm}"
         rows.append((f"GPU cuda:{g.index}", f"{g.name}, {g.sm}, {gib(g.memory_bytes)}, bf16 gốc: "
@@ -114,9 +152,13 @@ def modes(m: Machine) -> list[Row]:
                     _mode(two, "worker")))
     rows.append(precision_row(m, two))
     rows.append(transport_row(m, default))
-    rows.append(Row("make gpu-check", f"chạy được trên {m.gpu_count} GPU" if gpus
-                    else "không có GPU dùng được: lệnh chỉ báo rồi thoát",
-                    "" if gpus else "Chạy lệnh này trên máy có GPU NVIDIA."))
+    if m.unusable_gpus:
+        rows.append(Row("make gpu-check", "có GPU nhưng torch không dùng được: lệnh báo lỗi "
+                        "(mã thoát 1)", unusable_gpus_advice(m)))
+    else:
+        rows.append(Row("make gpu-check", f"chạy được trên {m.gpu_count} GPU" if gpus
+                        else "không có GPU dùng được: lệnh chỉ báo rồi thoát",
+                        "" if gpus else "Chạy lệnh này trên máy có GPU NVIDIA."))
     rows.append(Row("Hình động (trang “Hình động và công cụ”)", "trong trình duyệt, không cần kernel"))
     return rows
 

@@ -16,8 +16,11 @@
    an AllReduce, with a short timeout and the recorder on (``pages.modern_ddp.nccl_hang``); the
    watchdog must write rank 0's dump, naming the AllReduce that did not complete.
 
-On a machine without a GPU it says so and exits with status 0. ``--fallback N`` is step 4's
-child: the page checks on N ranks with the backend ``launch.spawn`` picks.
+On a machine without a GPU it says so and exits with status 0; where ``nvidia-smi`` lists GPUs
+that this torch cannot use (a CPU build, or a CUDA build newer than the driver) it names the
+driver, the wheel's CUDA and the build to install, and exits with status 1. ``--fallback N`` is
+step 4's child: the page checks on N ranks with the backend ``launch.spawn`` picks; a child that
+sees no GPU fails.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import torch
 from .. import launch, measure, vi
 from ..labs import compare
 from ..train import Parallel
-from . import gpu_pages, machine
+from . import doctor, gpu_pages, machine
 
 # Big enough that parameters dominate CUDA's peak memory, small enough for any GPU.
 GPU_MODEL = {"in_dim": 1024, "hidden": 2048, "depth": 4, "out_dim": 1024}
@@ -113,9 +116,17 @@ def print_pages(rows: list[dict]) -> bool:
     return all(r["ok"] for r in rows)
 
 
+def visible_devices(visible: int, environ=None) -> str:
+    """The first ``visible`` of the GPUs this process may use: a slice of an existing
+    ``CUDA_VISIBLE_DEVICES`` (SLURM, a shared node), else of 0, 1, ..."""
+    environ = os.environ if environ is None else environ
+    given = [d.strip() for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return ",".join(given[:visible] if given else map(str, range(visible)))
+
+
 def fallback(visible: int, ranks: int, timeout: float = 600.0) -> bool:
     """Step 4: ``--fallback ranks`` in a child that sees the first ``visible`` GPUs."""
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(visible))),
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible_devices(visible),
            launch.NO_CUDA_VAR: "1"}
     print(f"\nDự phòng: {ranks} rank, {visible} GPU nhìn thấy (CUDA_VISIBLE_DEVICES="
           f"{env['CUDA_VISIBLE_DEVICES']}):", flush=True)
@@ -166,8 +177,17 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
-        print("Không tìm thấy GPU nào (torch.cuda.is_available() là False): bỏ qua kiểm tra GPU. "
-              "Hãy chạy `make gpu-check` trên máy có GPU NVIDIA và bản PyTorch có CUDA.")
+        if args.fallback is not None:
+            # a fallback child must see the GPUs its parent gave it, or it checked nothing
+            print(f"  ✗ tiến trình con không thấy GPU nào (CUDA_VISIBLE_DEVICES="
+                  f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}): không kiểm tra được dự phòng.")
+            return 1
+        advice = doctor.unusable_gpus_advice(machine.probe())
+        if advice:
+            print(f"LỖI: {advice}")
+            return 1
+        print("Không tìm thấy GPU nào (torch.cuda.is_available() là False, nvidia-smi không thấy "
+              "GPU): bỏ qua kiểm tra GPU. Hãy chạy `make gpu-check` trên máy có GPU NVIDIA.")
         return 0
     if args.fallback is not None:
         print("  " + launch.describe_mode(args.fallback))

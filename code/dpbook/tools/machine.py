@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from dataclasses import dataclass, field
 
 import torch
@@ -63,10 +64,20 @@ class Machine:
     nccl: str | None = None
     p2p: dict = field(default_factory=dict)
     notebook: str | None = None
+    # What the NVIDIA driver lists (``nvidia-smi``), whether or not torch can use it: the GPUs'
+    # names and the driver's version (``None``: no ``nvidia-smi`` on PATH, or it failed).
+    system_gpus: tuple[str, ...] = ()
+    driver: str | None = None
 
     @property
     def gpu_count(self) -> int:
         return len(self.gpus)
+
+    @property
+    def unusable_gpus(self) -> bool:
+        """The system shows NVIDIA GPUs but this torch sees none: a CPU-only build, or a CUDA
+        build newer than the driver supports."""
+        return bool(self.system_gpus) and not self.gpus
 
     def pairs_without_p2p(self) -> list[tuple[int, int]]:
         return sorted(pair for pair, ok in self.p2p.items() if not ok)
@@ -148,10 +159,27 @@ def notebook(environ=None) -> str | None:
     return next((name for var, name in NOTEBOOK_VARS if var in environ), None)
 
 
+def nvidia_smi(timeout: float = 20.0) -> tuple[tuple[str, ...], str | None]:
+    """``(GPU names, driver version)`` as the driver lists them, without torch: ``((), None)``
+    when ``nvidia-smi`` is not on PATH or fails (no driver)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return (), None
+    try:
+        out = subprocess.run([exe, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=timeout, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return (), None
+    rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+    rows = [r for r in rows if len(r) >= 2]
+    return tuple(r[0] for r in rows), (rows[0][1] if rows else None)
+
+
 def probe(environ=None) -> Machine:
     """This machine, now."""
     arch = tuple(torch.cuda.get_arch_list()) if torch.version.cuda else ()
     found = gpus(arch)
+    names, driver = nvidia_smi()
     return Machine(cpu_cores(), memory_bytes(), shm_bytes(), torch.__version__,
                    torch.version.cuda, arch, found, nccl_version(), p2p(len(found)),
-                   notebook(environ))
+                   notebook(environ), names, driver)
