@@ -110,6 +110,15 @@ class Reaper:
         self._proc.wait(timeout=10)
 
 
+def on_cpu(value):
+    """``value`` with every tensor inside it (lists, tuples, dicts too) copied to the CPU."""
+    from torch.utils._pytree import tree_map
+
+    import torch
+
+    return tree_map(lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x, value)
+
+
 class RanksError(RuntimeError):
     """The learner's code failed on a rank, or the ranks did not finish in time. Jupyter shows
     only the message (the rank's own traceback included), not the magic's frames."""
@@ -235,9 +244,19 @@ class Ranks:
         self.start()
 
     def pull(self, name: str) -> list:
-        """The value of variable ``name`` on every rank, in rank order (for the page's checks)."""
+        """The value of variable (or expression) ``name`` on every rank, in rank order (for the page's checks),
+        with every tensor in it copied to the CPU on its rank first: under NCCL rank r's tensors
+        sit on cuda:r, and the page's ``sum`` or ``torch.equal`` of two of them would mix
+        devices (and unpickling them here would open a CUDA context in the kernel)."""
         self._require_running()
-        return self._view.pull(name, block=True)
+        try:
+            compile(name, "<%ranks pull>", "eval")
+        except SyntaxError:
+            raise ValueError(f"Không lấy được {name!r}: cần một tên biến hoặc một biểu thức "
+                             "Python, như t hoặc model.weight.grad.") from None
+        self._view.execute(f"_dpbook_pulled = __import__('dpbook.ranks').ranks.on_cpu({name})",
+                           block=True)
+        return self._view.pull("_dpbook_pulled", block=True)
 
     def push(self, **values) -> None:
         """Set variables on every rank (the same value on each)."""

@@ -55,7 +55,12 @@ def _gone_within(pids, seconds):
 
 
 def test_ranks_in_a_kernel(tmp_path):
-    km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60)
+    # The ranks run on the CPU (gloo) even on a GPU box (the review's D8): this test is about the
+    # magic's behaviour (messages, interrupts, restarts), which a lone NCCL collective would not
+    # show (it returns at once); `make gpu-check` runs the pages' %ranks cells under NCCL.
+    import os
+    km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60,
+                              env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     try:
         _ok(kc, "%load_ext dpbook.ranks")
         # Used before start, and bad arguments: Vietnamese messages, the kernel goes on.
@@ -198,3 +203,20 @@ def test_the_reaper_ends_what_a_dead_process_started(how):
     finally:
         for p in _alive(pids):
             psutil.Process(p).kill()
+
+
+def test_pulled_tensors_come_back_on_the_cpu_whatever_device_each_rank_used():
+    """The review's D2: under NCCL rank r's tensors sit on cuda:r; adding or comparing two pulled
+    tensors then mixes devices. ``FakeTensorMode`` stands for the two GPUs without any CUDA."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from dpbook.ranks import on_cpu
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        pulled = [torch.ones(2, device="cuda:0"), {"t": torch.ones(2, device="cuda:1"), "n": 3}]
+        with pytest.raises(Exception, match="(?i)device"):
+            pulled[0] + pulled[1]["t"]  # what a page did with `%ranks pull` before
+        moved = on_cpu(pulled)
+        assert moved[0].device.type == moved[1]["t"].device.type == "cpu" and moved[1]["n"] == 3
+        assert (moved[0] + moved[1]["t"]).device.type == "cpu"
