@@ -114,6 +114,9 @@ def _errors(ws: int, backend: str, timeout: float) -> str:
     launcher names it, nobody hangs) and uneven inputs (the collective timeout ends the hang)."""
     from ..pages import failures
 
+    if ws < 2:
+        # both failures need a second rank: one that crashes, one whose peer waits (review D9)
+        return "bỏ qua: cần từ 2 rank (một rank sập hay chờ thì phải có rank kia)"
     t0 = time.perf_counter()
     try:
         launch.spawn(failures.crash, world_size=ws, backend=backend, timeout=timeout,
