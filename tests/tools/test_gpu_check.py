@@ -138,12 +138,33 @@ def test_the_flight_recorder_check_fails_without_a_dump_or_a_hang(monkeypatch):
     assert not gpu_check.flight_recorder()
 
 
-def test_main_runs_the_flight_recorder_only_with_two_gpus_or_more():
-    import inspect
-
-    src = inspect.getsource(gpu_check.main)
-    assert "if gpus >= FLIGHT_RECORDER_GPUS:\n        ok &= flight_recorder()" in src
-    assert src.index("torch.cuda.is_available()") < src.index("flight_recorder()")
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_main_ends_with_a_table_to_paste_and_fails_on_any_failed_row(monkeypatch, capsys, gpus):
+    """The whole run with every step faked: the flight recorder only from 2 GPUs, the bus
+    bandwidth timed from 2, and one failed notebook cell makes a row of the table and exit 1."""
+    calls = []
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check.torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(gpu_check, "environment", lambda: ["máy giả"])
+    monkeypatch.setattr(gpu_check.launch, "describe_mode", lambda n: f"{n} GPU")
+    row = {"world_size": 1, "method": "DDP", "peak_mib": 2.0, "step_ms": 1.0, "comm_mib": 0.0,
+           "predicted_mib": 0.0, "launch_s": 1.0}
+    monkeypatch.setattr(gpu_check, "run", lambda: [row])
+    monkeypatch.setattr(gpu_check, "bus_bandwidth",
+                        lambda ws: calls.append(("busbw", ws)) or (True, "busbw 1 GB/s"))
+    monkeypatch.setattr(gpu_check.gpu_pages, "run_pages", lambda w, backend: [
+        {"page": "4.2.1 giao tiếp", "ok": True, "detail": "ổn", "seconds": 1.0}])
+    monkeypatch.setattr(gpu_check, "fallback", lambda v, r: calls.append(("fallback", v)) or True)
+    monkeypatch.setattr(gpu_check, "flight_recorder", lambda: calls.append(("fr",)) or True)
+    monkeypatch.setattr(gpu_check, "notebooks", lambda jobs: [
+        ("nbval, mọi notebook", False, "9 ô đạt, 1 ô trượt"),
+        ("nbval book/x.ipynb::Cell 3", False, "AssertionError")])
+    assert gpu_check.main([]) == 1
+    out = capsys.readouterr().out
+    assert "| kiểm tra | kết quả | chi tiết |" in out
+    assert "| nbval book/x.ipynb::Cell 3 | **TRƯỢT** | AssertionError |" in out
+    assert f"| Trang 4.2.1 giao tiếp (NCCL, {gpus} rank) | đạt | ổn |" in out
+    assert (("fr",) in calls) == (gpus >= 2) and (("busbw", 2) in calls) == (gpus >= 2)
 
 
 def fake_nvidia_smi(tmp_path, lines):

@@ -4,9 +4,10 @@
    CUDA, NCCL, the CUDA architectures the wheel was built for (a T4 needs ``sm_75``), each GPU's
    compute capability and native bf16, and which pairs of GPUs reach each other directly (P2P).
 2. NCCL at every world size the machine allows (1, 2, 4, 8 and the GPU count): one DDP step and
-   one FSDP2 step of a model big enough for CUDA's peak memory, the measured communication
-   checked against the formulas (``labs.compare.predict``, from ``dpbook.costs``), and FSDP2's
-   peak below DDP's from 2 ranks on.
+   one FSDP2 step of a model big enough for CUDA's peak memory; the collectives ``CommLog`` saw
+   (their ring-formula bytes) against ``labs.compare.predict``, FSDP2's peak below DDP's from 2
+   ranks on, and NCCL's bus bandwidth timed as nccl-tests does (NCCL's bytes cannot be counted
+   on a socket as gloo's are).
 3. Part 4.2's pages (``dpbook.tools.gpu_pages``) under NCCL on the largest power of two of GPUs.
 4. The fallbacks a learner's GPU box takes, each in a child process that sees fewer GPUs
    (``CUDA_VISIBLE_DEVICES``): 2 ranks with 1 GPU visible and 4 ranks with 2, where
@@ -15,6 +16,9 @@
 6. With 2 GPUs or more, NCCL's flight recorder (section 4.2.7): a 2-rank job where rank 1 skips
    an AllReduce, with a short timeout and the recorder on (``pages.modern_ddp.nccl_hang``); the
    watchdog must write rank 0's dump, naming the AllReduce that did not complete.
+
+It ends with a summary table in Markdown (check, result, detail; a failed notebook cell by its
+notebook and cell) to paste into an issue, and exits 1 if any row failed.
 
 On a machine without a GPU it says so and exits with status 0; where ``nvidia-smi`` lists GPUs
 that this torch cannot use (a CPU build, or a CUDA build newer than the driver) it names the
@@ -161,12 +165,51 @@ def flight_recorder(timeout: float = 180.0, hang_timeout: float = HANG_TIMEOUT_S
     return ok
 
 
-def notebooks(jobs: int) -> bool:
-    """Step 5: nbval over every notebook, as ``make test`` runs them."""
+def notebooks(jobs: int) -> list[tuple[str, bool, str]]:
+    """Step 5: nbval over every notebook, as ``make test`` runs them; one summary row, and one
+    row per failed cell (the notebook and the cell, from pytest's JUnit report)."""
+    import xml.etree.ElementTree as ET
+
     print(f"\nMọi notebook của sách dưới nbval ({jobs} worker):", flush=True)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-n", str(jobs), "--dist", "loadfile",
-           "--nbval-lax", "-p", "no:cacheprovider", "book"]
-    return subprocess.run(cmd, cwd=ROOT).returncode == 0
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp, "nbval.xml")
+        cmd = [sys.executable, "-m", "pytest", "-q", "-n", str(jobs), "--dist", "loadfile",
+               "--nbval-lax", "-p", "no:cacheprovider", f"--junitxml={report}", "book"]
+        code = subprocess.run(cmd, cwd=ROOT).returncode
+        cases = ET.parse(report).getroot().iter("testcase") if report.exists() else []
+        failed, passed = [], 0
+        for case in cases:
+            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+            if bad is None:
+                passed += case.find("skipped") is None
+                continue
+            where = f"{case.get('classname', '')}::{case.get('name', '')}"
+            failed.append((f"nbval {where}", False,
+                           (bad.get("message") or "").splitlines()[0][:150] if bad.get("message")
+                           else "trượt"))
+    head = ("nbval, mọi notebook", code == 0 and not failed,
+            f"{passed} ô đạt, {len(failed)} ô trượt" + ("" if code == 0 else f" (pytest: mã {code})"))
+    return [head, *failed]
+
+
+def bus_bandwidth(ws: int, timeout: float = 240.0) -> tuple[bool, str]:
+    """NCCL's bytes cannot be counted on a socket: timed instead, as nccl-tests does (the
+    bus bandwidth of an AllReduce of 256 MB, ``bench.time_all_reduce``)."""
+    from .. import bench
+
+    out = launch.spawn(bench.time_all_reduce, sizes=(256 * 10**6,), world_size=ws,
+                       backend="nccl", timeout=timeout, output="rank0")
+    row = out[0]["rows"][0]
+    return row.busbw > 0, (f"AllReduce 256 MB trên {ws} GPU: {vi.number(row.seconds * 1e3, 2)} ms,"
+                           f" busbw {vi.number(row.busbw / 1e9, 1)} GB/s (đo bằng thời gian)")
+
+
+def markdown(summary: list[tuple[str, bool, str]]) -> str:
+    """The summary as a Markdown table, to paste into an issue."""
+    lines = ["| kiểm tra | kết quả | chi tiết |", "| --- | --- | --- |"]
+    lines += [f"| {name} | {'đạt' if ok else '**TRƯỢT**'} | {detail.replace('|', '/')} |"
+              for name, ok, detail in summary]
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -195,35 +238,47 @@ def main(argv=None) -> int:
     gpus = torch.cuda.device_count()
     print("\n".join(environment()))
     print(launch.describe_mode(gpus))
+    summary: list[tuple[str, bool, str]] = []
     rows = run()
     header = (f"{'N':>3} {'cách chia':<42} {'đỉnh MiB':>9} {'bước ms':>8} "
-              f"{'giao tiếp MiB':>13} {'dự đoán MiB':>11}")
+              f"{'CommLog MiB':>11} {'công thức MiB':>13}")
     print(header)
     print("-" * len(header))
-    ok = True
     for r in rows:
+        # CommLog's bytes are the ring formula applied to the collectives it saw; equality says
+        # the step ran the collectives, sizes and passes the formula expects, not a byte count.
         match = abs(r["comm_mib"] - r["predicted_mib"]) <= 1e-9 + 1e-6 * r["predicted_mib"]
-        ok &= match
         cols = (vi.number(r["peak_mib"], 1), vi.number(r["step_ms"], 2),
                 vi.number(r["comm_mib"], 2), vi.number(r["predicted_mib"], 2))
         print(f"{r['world_size']:>3} {r['method']:<42} {cols[0]:>9} {cols[1]:>8} "
-              f"{cols[2]:>13} {cols[3]:>11}{'' if match else '  ≠'}")
-    print("Giao tiếp: " + ("khớp công thức." if ok else "có dòng không khớp công thức (≠)."))
+              f"{cols[2]:>11} {cols[3]:>13}{'' if match else '  ≠'}")
+        summary.append((f"N = {r['world_size']}, {r['method']}: phép tập thể như công thức",
+                        match, f"đỉnh {cols[0]} MiB, bước {cols[1]} ms"))
     problems = peak_problems(rows)
-    ok &= not problems
-    print("Bộ nhớ đỉnh: " + ("FSDP2 thấp hơn DDP ở mọi N ≥ 2." if not problems
-                             else "; ".join(problems)))
+    summary.append(("Bộ nhớ đỉnh FSDP2 < DDP ở mọi N ≥ 2", not problems, "; ".join(problems)))
+    for ws in world_sizes(gpus):
+        if ws >= 2:
+            try:
+                summary.append((f"Băng thông bus, {ws} GPU", *bus_bandwidth(ws)))
+            except Exception as exc:  # report it in the table, go on with the rest
+                summary.append((f"Băng thông bus, {ws} GPU", False, f"{type(exc).__name__}: {exc}"[:150]))
+            print(f"  {summary[-1][2]}", flush=True)
     world = largest_power_of_two(gpus)
     print(f"\nĐường chạy của các trang phần 4.2, NCCL, {world} rank:")
-    ok &= print_pages(gpu_pages.run_pages(world, backend="nccl"))
+    pages = gpu_pages.run_pages(world, backend="nccl")
+    print_pages(pages)
+    summary += [(f"Trang {p['page']} (NCCL, {world} rank)", p["ok"], p["detail"]) for p in pages]
     for visible, ranks in FALLBACKS:
         if visible <= gpus:
-            ok &= fallback(visible, ranks)
+            summary.append((f"Dự phòng: {ranks} rank, {visible} GPU", fallback(visible, ranks), ""))
     if gpus >= FLIGHT_RECORDER_GPUS:
-        ok &= flight_recorder()
+        summary.append(("Flight recorder của NCCL", flight_recorder(), ""))
     if not args.no_notebooks:
-        ok &= notebooks(args.jobs)
-    print("\nKết quả: " + ("mọi kiểm tra đều đạt." if ok else "CÓ KIỂM TRA TRƯỢT (xem ✗ và ≠ ở trên)."))
+        summary += notebooks(args.jobs)
+    ok = all(row[1] for row in summary)
+    print("\nTóm tắt (dán được vào một issue):\n")
+    print(markdown(summary))
+    print("\nKết quả: " + ("mọi kiểm tra đều đạt." if ok else "CÓ KIỂM TRA TRƯỢT (xem bảng)."))
     return 0 if ok else 1
 
 
