@@ -127,5 +127,64 @@ def test_one_launch_solution_passes_all_reduce_fails_bytes():
     good, bad = checker.check_files([SOLUTION, BROKEN["all_reduce"]], verbose=False)
     assert good.passed, str(good)
     assert bad.failed == ["fsdp_bytes"], str(bad)
-    seen, exp = bad.raw["fsdp"]["volume"], checker.expected({}, 2).volume
+    # judged against the workload the ranks ran (CPU or WORKLOADS["cuda"]), review D6
+    assert good.expected == bad.expected == checker.expected_for(2)
+    seen, exp = bad.raw["fsdp"]["volume"], bad.expected.volume
     assert seen.reduce_scatter == 0 and seen.all_reduce == 2 * exp.reduce_scatter
+
+
+def test_expected_follows_the_device_the_run_picks(monkeypatch):
+    """Review D6: on a GPU box the checker runs ``WORKLOADS["cuda"]`` (about 3,2 M parameters);
+    what a page compares with must be counted on that model, not on the CPU one."""
+    from dpbook import launch
+
+    monkeypatch.setattr(launch, "plan", lambda *a, **k: launch.Plan("nccl", "cuda", 2, 2))
+    gpu = checker.expected_for(2)
+    assert gpu == checker.expected(checker.WORKLOADS["cuda"].model_kwargs, 2)
+    assert gpu.num_params > 1000 * checker.expected({}, 2).num_params
+    monkeypatch.setattr(launch, "plan", lambda *a, **k: launch.Plan("gloo", "cpu", 2, 0))
+    assert checker.expected_for(2) == checker.expected({}, 2)
+
+
+@pytest.fixture
+def one_gloo_rank(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_references_free_the_fsdp2_model_before_measuring_ddp(one_gloo_rank, monkeypatch):
+    """Review D13: ``del model, opt`` leaves the FSDP2 model alive (reference cycles); on a GPU
+    its shards would count in DDP's peak. The references must collect it before the DDP run."""
+    import gc
+    import weakref
+
+    from dpbook import measure, train
+    from dpbook.launch import device
+
+    seen, alive = [], []
+    real_shard, real_peak = train.shard_blocks, measure.peak_memory
+
+    def shard(model, *a, **k):
+        seen.append(weakref.ref(model))
+        return real_shard(model, *a, **k)
+
+    def peak(run, *tracked):
+        alive.append(seen[0]() is not None)
+        return real_peak(run, *tracked)
+
+    monkeypatch.setattr(train, "shard_blocks", shard)
+    monkeypatch.setattr(measure, "peak_memory", peak)
+    enabled = gc.isenabled()
+    gc.disable()  # only an explicit collection may free the cycles
+    try:
+        checker.references(0, 1, checker.WORKLOADS["cpu"], device())
+    finally:
+        if enabled:
+            gc.enable()
+    assert alive == [False]

@@ -71,6 +71,7 @@ class Result(Verdict):
     world_size: int
     items: tuple[Item, ...]
     raw: dict
+    expected: "Expected | None" = None  # what the items were judged against (this workload)
 
     def __str__(self) -> str:
         return "\n".join(self.report_lines(f"Kiểm tra {Path(self.path).name} ({self.world_size} rank):"))
@@ -121,6 +122,15 @@ def expected(model_kwargs: dict, world_size: int) -> Expected:
                     vram_ledger(num, world_size, "FULL_SHARD").state,
                     vram_ledger(padded, world_size, "FULL_SHARD").state,
                     fsdp_step_bytes(4 * padded, world_size, "FULL_SHARD"), smallest)
+
+
+def expected_for(world_size: int = 2, backend: str = "auto") -> Expected:
+    """``expected`` for the workload a check on ``world_size`` ranks runs: the device that
+    ``launch.plan`` picks (the CPU model under gloo, ``WORKLOADS["cuda"]`` under NCCL)."""
+    from ...launch import plan
+
+    device_type = plan(world_size, backend).device_type
+    return expected(WORKLOADS[device_type].model_kwargs, world_size)
 
 
 # --- on the ranks -----------------------------------------------------------------------------
@@ -295,6 +305,8 @@ def _alloc_bytes(t) -> int:
 def references(rank: int, world_size: int, wl: Workload, dev) -> dict:
     """What every file is compared with: FSDP2's final weights, DDP's peak, a plain forward's
     kept bytes."""
+    import gc
+
     import torch
 
     from ...measure import peak_memory
@@ -311,6 +323,9 @@ def references(rank: int, world_size: int, wl: Workload, dev) -> dict:
         opt.zero_grad(set_to_none=True)
     fsdp2 = full_state_dict(model)
     del model, opt
+    # FSDP2 holds reference cycles: without a collection its shards stay allocated and CUDA's
+    # peak below (reset to the current allocation) would count them in DDP's peak (review D13)
+    gc.collect()
     ddp = apply_ddp(build_model(**wl.model_kwargs))
     opt = torch.optim.Adam(ddp.parameters(), lr=LR)
     _step(ddp, opt, batches[0])  # DDP rebuilds its buckets after the first step
@@ -640,7 +655,7 @@ def check_files(paths, world_size: int = 2, timeout: float = 180.0, verbose: boo
     exp = expected(WORKLOADS[device_type].model_kwargs, world_size)
     results = []
     for raw in per_rank[0]:
-        results.append(Result(raw["path"], world_size, items(raw, exp), raw))
+        results.append(Result(raw["path"], world_size, items(raw, exp), raw, exp))
     if verbose:
         print("\n\n".join(str(r) for r in results))
     return results
