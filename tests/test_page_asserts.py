@@ -4,6 +4,7 @@ that compares an expression with itself holds by definition; both are refused he
 an ``assert a and b`` is judged on its own."""
 
 import ast
+import re
 import json
 
 
@@ -56,3 +57,61 @@ def test_no_page_assert_cannot_fail(root):
                 if why := _cannot_fail(part):
                     bad.append(f"{path.relative_to(root)} ô {index}: assert {segment} ({why})")
     assert bad == [], "assert không thể sai:\n" + "\n".join(bad)
+
+
+# What only a CPU (gloo) run shows: a device or backend named "cpu"/"gloo", the thread a hook
+# ran on, bytes counted on gloo's sockets, an empty GradScaler state (no fp16 on a CPU).
+CPU_ONLY = re.compile(r"""["']cpu["']|["']gloo["']|MainThread|wire|scaler["']?\]? == \{\}""")
+# An assert that names the mode itself (a conditional on the backend or the device) or sits
+# under an `if` on it states what holds on both backends.
+MODE = re.compile(r"backend|mode|gloo|nccl|cuda|device|gpu|GPU|ON_CPU|on_cpu", re.I)
+
+
+def _cpu_only_asserts(source: str):
+    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+    text = "\n".join(lines)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return
+
+    def visit(node, branched):
+        if isinstance(node, ast.Assert):
+            segment = ast.get_source_segment(text, node) or ""
+            if CPU_ONLY.search(segment) and not branched and not MODE.search(
+                    CPU_ONLY.sub("", segment)):
+                yield segment.splitlines()[0]
+            return
+        if isinstance(node, ast.If):
+            under = branched or bool(MODE.search(ast.get_source_segment(text, node.test) or ""))
+            for child in node.body + node.orelse:
+                yield from visit(child, under)
+            return
+        for child in ast.iter_child_nodes(node):
+            yield from visit(child, branched)
+
+    yield from visit(tree, False)
+
+
+def test_the_backend_lint_finds_what_it_should():
+    found = list(_cpu_only_asserts(
+        'assert x.device.type == "cpu"\n'
+        'if backend == "gloo":\n    assert wire.sent > 0\n'
+        'assert dev == ("cpu" if backend == "gloo" else f"cuda:{r}")\n'
+        'assert thread == "MainThread"\n'))
+    assert found == ['assert x.device.type == "cpu"', 'assert thread == "MainThread"']
+
+
+def test_page_asserts_hold_on_both_backends_or_branch_on_the_mode(root):
+    """The review's rule (gpu-path-review, issue 28): an assert that reads a quantity only a CPU
+    run has either branches on the mode the page picked or names it."""
+    bad = []
+    for path in sorted((root / "book").rglob("*.ipynb")):
+        if ".ipynb_checkpoints" in path.parts:
+            continue
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        for index, cell in enumerate(cells):
+            if cell["cell_type"] == "code":
+                bad += [f"{path.relative_to(root)} ô {index}: {a}"
+                        for a in _cpu_only_asserts("".join(cell["source"]))]
+    assert bad == [], "assert chỉ đúng trên CPU, không rẽ nhánh theo chế độ:\n" + "\n".join(bad)
