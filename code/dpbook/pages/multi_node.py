@@ -68,3 +68,14 @@ def node_figure(layout: list[tuple[int, int, int]], shard_groups=None, replicate
         ax.set_title(title, fontsize=12, loc="left")
     fig.tight_layout()
     return fig
+
+
+def two_node_command(endpoint: str, nproc_per_node: int = 8,
+                     checkpoint: str = "/shared/ket-qua/ddp.pt", job_id: str = "job42") -> str:
+    """The one ``torchrun`` line that 4.2.4 types, unchanged, on every node of a two-node job
+    (c10d rendezvous at ``endpoint``: the agents number the nodes themselves, so no
+    ``--node_rank``). ``checkpoint`` must be on a file system every node sees: rank 0 may land on
+    either node. tests/scripts/test_commands.py runs it on two agents of one machine."""
+    return (f"torchrun --nnodes=2 --nproc_per_node={nproc_per_node} --rdzv_backend=c10d "
+            f"--rdzv_endpoint={endpoint} --rdzv_id={job_id} "
+            f"train_ddp.py --epochs 3 --checkpoint {checkpoint}")

@@ -211,6 +211,32 @@ def run(target: str, args=(), *, nproc_per_node: int = 2, nnodes: int = 1,
     return results
 
 
+def run_parallel(cmds, timeout: float = 120.0, env: dict | None = None,
+                 cwd: str | None = None) -> list[AgentResult]:
+    """Start every command of ``cmds`` at once (the same ``torchrun`` line typed on each node of
+    an emulated cluster), wait for all and return one ``AgentResult`` each, in order; after
+    ``timeout`` seconds kill every process tree and raise ``TimeoutError``. No check: the
+    caller reads ``returncode``."""
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout phải là số giây dương, nhận được {timeout!r}.")
+    cmds = [[str(c) for c in cmd] for cmd in cmds]
+    logs = [tempfile.TemporaryFile(mode="w+", encoding="utf-8") for _ in cmds]
+    procs: list[subprocess.Popen] = []
+    try:
+        for cmd, log in zip(cmds, logs):
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                          env=_env(env), cwd=cwd))
+        _wait_all(procs, timeout, logs)
+        return [AgentResult(i, tuple(c), p.returncode, _read(log))
+                for i, (c, p, log) in enumerate(zip(cmds, procs, logs))]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                _kill_tree(p)
+        for log in logs:
+            log.close()
+
+
 def emit(tag: str, record: dict) -> None:
     """Print ``<tag> <record as JSON>`` as one line in a single write; ``json_records`` reads it
     back. torchrun starts workers unbuffered (``python -u``), where ``print`` writes each argument
