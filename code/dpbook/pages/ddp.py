@@ -222,3 +222,114 @@ def preset_states(keys=STATE_PRESETS, world_size: int = 8) -> dict[str, tuple[Pr
     known = presets()
     return {k: (known[k], vram_ledger(known[k].num_params, world_size, "DDP",
                                       precision="mixed").state) for k in keys}
+
+
+# ------------------------------------------------------------------ errata runs (4.1.1, 4.1.3)
+
+def _wrap(model: nn.Module, **kwargs):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dev = device()
+    return DDP(model.to(dev), device_ids=[dev.index] if dev.type == "cuda" else None, **kwargs), dev
+
+
+def buffer_broadcasts(rank: int, world_size: int) -> dict[str, int]:
+    """Rank function: how many Broadcasts of buffers open each forward of a DDP model with a
+    BatchNorm, after two warm-up steps (DDP rebuilds its buckets in step 2 with broadcasts of
+    its own). The forwards, in order: a training step; an evaluation forward under
+    ``torch.no_grad()``; the training step right after it; a micro-batch inside ``no_sync()``;
+    the synchronising micro-batch right after it. DDP broadcasts buffers only when the
+    previous forward ran with grad enabled and outside ``no_sync()``
+    (``will_sync_module_buffers`` reads ``require_forward_param_sync``, which ``_post_forward``
+    sets from the two)."""
+    import contextlib
+
+    ddp, dev = _wrap(demo_model(seed=0))
+    ds = synthetic_regression(8 * world_size, IN_DIM, OUT_DIM)
+    x, y = rank_batch(ds.tensors, rank, 8, dev)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+
+    def forward(grad: bool = True, sync: bool = True) -> int:
+        ctx = contextlib.nullcontext() if sync else ddp.no_sync()
+        with ctx:
+            with torch.set_grad_enabled(grad), CommLog() as log:
+                out = ddp(x)
+            if grad:
+                nn.functional.mse_loss(out, y).backward()
+        return sum(r.collective == "broadcast" for r in log.records)
+
+    for _ in range(2):  # warm-up: the bucket rebuild of step 2 broadcasts too
+        forward()
+        optimizer.step()
+        optimizer.zero_grad()
+    counts = {"train": forward(), "eval_no_grad": forward(grad=False),
+              "train_after_eval": forward(), "no_sync": forward(sync=False),
+              "sync_after_no_sync": forward()}
+    return counts
+
+
+def bucket_storage(rank: int, world_size: int, steps: int = 3) -> dict[bool, dict]:
+    """Rank function: the storage one rank holds after ``optimizer.step()`` (Adam) under DDP,
+    with ``gradient_as_bucket_view`` False (the default) and True. Bytes are counted by
+    distinct storages (``untyped_storage()``): parameters, ``.grad``, Adam's two moments (its
+    scalar ``step`` counters aside) and the flat bucket buffers that a communication hook sees
+    (``GradBucket.buffer()``, the reducer's ``bucket.gradients``). ``grads_in_buckets``: every
+    ``.grad`` is a view into a bucket's storage."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    int_at_least("steps", steps)
+    out = {}
+    for view in (False, True):
+        model = build_mlp(seed=0)
+        ddp, dev = _wrap(model, gradient_as_bucket_view=view)
+        buckets: dict[int, torch.Tensor] = {}
+
+        def hook(state, bucket):
+            buckets[bucket.index()] = bucket.buffer()
+            return default_hooks.allreduce_hook(state, bucket)
+
+        ddp.register_comm_hook(None, hook)
+        optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+        ds = synthetic_regression(8 * world_size, IN_DIM, OUT_DIM)
+        x, y = rank_batch(ds.tensors, rank, 8, dev)
+        for _ in range(steps):
+            optimizer.zero_grad(set_to_none=False)
+            nn.functional.mse_loss(ddp(x), y).backward()
+            optimizer.step()
+
+        def storages(tensors) -> dict[int, int]:
+            return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+
+        params = storages(model.parameters())
+        grads = storages(p.grad for p in model.parameters())
+        moments = storages(t for s in optimizer.state.values() for t in s.values()
+                           if torch.is_tensor(t) and t.numel() > 1)
+        flat = storages(buckets.values())
+        held = {**params, **grads, **moments, **flat}
+        out[view] = {"num_params": sum(p.numel() for p in model.parameters()),
+                     "params": sum(params.values()), "grads": sum(grads.values()),
+                     "optimizer": sum(moments.values()), "buckets": sum(flat.values()),
+                     "held": sum(held.values()), "grads_in_buckets": set(grads) <= set(flat)}
+        del ddp
+    return out
+
+
+def uneven_join(rank: int, world_size: int, divide_by_initial_world_size: bool = True) -> dict:
+    """Rank function: rank ``r`` has ``r + 1`` batches, so the ranks run out of data at
+    different steps; ``with ddp.join(...)`` lets the ones that ran out shadow the others'
+    AllReduces (with zeros) instead of leaving them waiting. Returns, for each of this rank's
+    steps, the gradient DDP left and this rank's own local gradient."""
+    model = nn.Linear(3, 1, bias=False).double()
+    nn.init.constant_(model.weight, 0.5)
+    ddp, dev = _wrap(model)
+    g = torch.Generator().manual_seed(100 + rank)
+    steps = []
+    with ddp.join(divide_by_initial_world_size=divide_by_initial_world_size):
+        for _ in range(rank + 1):
+            x = torch.randn(4, 3, generator=g, dtype=torch.float64).to(dev)
+            y = torch.randn(4, 1, generator=g, dtype=torch.float64).to(dev)
+            local = torch.autograd.grad(nn.functional.mse_loss(model(x), y), model.weight)[0]
+            model.zero_grad()
+            nn.functional.mse_loss(ddp(x), y).backward()
+            steps.append((model.weight.grad.detach().cpu().clone(), local.detach().cpu().clone()))
+    return {"rank": rank, "steps": steps}
