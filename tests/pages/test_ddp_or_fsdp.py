@@ -83,7 +83,9 @@ def test_zero1_is_priced_as_pytorch_runs_it_whatever_the_precision():
     paper = memory.vram_ledger(p, n, "ZeRO-1", precision="mixed")
     assert ddp_or_fsdp.price(mixed, "ZeRO-1").memory_bytes - paper.total == 4 * p - 4 * p / n
     # the DDP rung: the ledger's 2 + 2 + 12 equals autocast's 4 + 4 + 8
+    # (with gradient_as_bucket_view=True; PyTorch's default adds the bucket copy, 4P: 20P)
     assert ddp_or_fsdp.price(mixed, "DDP").memory_bytes == 16 * p == (4 + 4 + 8) * p
+    assert ddp_or_fsdp.bucket_copy_bytes(mixed) == 4 * p
     # on one GPU the optimizer state is not divided: ZeRO-1 holds what DDP holds
     one = ddp_or_fsdp.Job(p, H100, 1, 1, "mixed", "adam")
     assert ddp_or_fsdp.price(one, "ZeRO-1").memory_bytes == ddp_or_fsdp.price(one, "DDP").memory_bytes
@@ -344,6 +346,7 @@ def test_compare_run_matches_the_table():
         rec = ddp_or_fsdp.recommend(job)
         assert ddp["volume"].total == rec.options["DDP"].sent_bytes
         assert fsdp["volume"].total == rec.options["FULL_SHARD"].sent_bytes == 1.5 * ddp["volume"].total
+        # the DDP rung: gradient_as_bucket_view=True, no bucket copy beside the state measured
         assert ddp["state"].total == rec.options["DDP"].memory_bytes == 16 * p
         assert fsdp["state"].total == rec.options["FULL_SHARD"].memory_bytes == 16 * p / 2
         assert ddp["code"] == {"same_parameters": True, "first_key": "module.blocks.0.linear.weight",
@@ -353,6 +356,9 @@ def test_compare_run_matches_the_table():
         # mixed precision: every setting sends what precision_bytes says
         for name, m in r["precision"].items():
             assert m["volume"] == ddp_or_fsdp.precision_bytes(p, 2, name), name
+            # the stored parameters and their gradients stay fp32 (FSDP2 casts the reduced
+            # gradient back to the parameter's dtype), whatever param_dtype and reduce_dtype
+            assert m["param_dtype"] == m["grad_dtype"] == "float32", name
         # ZeRO-1: one AllReduce of 4P, broadcasts adding up to 4P, Adam state split between ranks
         z1 = r["zero1"]
         assert [x.nbytes for x in z1["records"] if x.collective == "all_reduce"] == [4 * p]

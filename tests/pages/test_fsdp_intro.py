@@ -33,7 +33,11 @@ def test_dcp_round_trip_restores_the_training_state(tmp_path):
         assert not any(torch.equal(r["saved"][k], r["before"][k]) for k in r["saved"])
         assert all(torch.equal(r["saved"][k], r["loaded"][k]) for k in r["saved"])
         assert r["adam_steps"] == (2, 2)
+        # Adam's moments came back: the shards are equal, and the loss after one more Adam step
+        # (which reads them) is equal; with the weights alone and a fresh Adam it is not
+        assert r["moments_equal"]
         assert r["next_loss"][0] == r["next_loss"][1]
+        assert r["later_loss"][0] == r["later_loss"][1] != r["reset_loss"]
 
 
 def test_wrap_tiny_transformer_rejects_unknown_wrappings():
@@ -51,6 +55,12 @@ def test_root_keeps_embedding_and_head_unsharded_for_the_whole_step():
         for moment in fsdp_intro.MOMENTS:
             assert r["root"][moment] == {"embed": True, "head": True}
             assert r["separate"][moment] == {"embed": False, "head": False}
+        # the root with reshard_after_forward=True: sharded only between forward and backward,
+        # gathered again as soon as backward starts (so the step's peak does not drop)
+        between = fsdp_intro.MOMENTS[1]
+        assert r["root_true"][between] == {"embed": False, "head": False}
+        assert all(r["root_true"][m] == {"embed": True, "head": True}
+                   for m in fsdp_intro.MOMENTS if m != between)
         assert r["params"]["embed"] == 64 * 32 and r["params"]["head"] == 32 * 64 + 64
 
 

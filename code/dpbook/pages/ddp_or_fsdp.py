@@ -260,7 +260,10 @@ def _wrap_for_precision(model, how: str, reduce_dtype: str | None):
 def precision_run(rank: int, world_size: int, batch_size: int = 8, warmup: int = 2) -> dict:
     """Rank function: for every ``PRECISION_SETTINGS`` row, train the small MLP and record the
     collectives of one step after ``warmup`` steps (``measure.CommLog``). Returns, by name, the
-    step's ``StepVolume`` and the dtypes of the parameters and gradients the collectives saw."""
+    step's ``StepVolume`` and the dtypes of the stored parameters and of their ``.grad`` after
+    backward (FSDP2 casts the reduced gradient back to the parameter's dtype, fp32, whatever
+    ``reduce_dtype``: ``foreach_reduce`` in ``torch/distributed/fsdp/_fully_shard/
+    _fsdp_collectives.py``)."""
     import contextlib
 
     import torch
@@ -283,11 +286,12 @@ def precision_run(rank: int, world_size: int, batch_size: int = 8, warmup: int =
                 with cast if how.startswith("ddp") else contextlib.nullcontext():
                     out_ = model(x)
                 torch.nn.functional.mse_loss(out_.float(), y).backward()
+            p0 = next(model.parameters())
+            grad_dtype = str(p0.grad.dtype).removeprefix("torch.")
             opt.step()
             opt.zero_grad(set_to_none=True)
-        p0 = next(model.parameters())
         out[name] = {"volume": log.volume(), "param_dtype": str(p0.dtype).removeprefix("torch."),
-                     "records": log.records}
+                     "grad_dtype": grad_dtype, "records": log.records}
     return out
 
 

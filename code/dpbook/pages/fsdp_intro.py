@@ -38,12 +38,18 @@ def dcp_round_trip(rank: int, world_size: int, ckpt_dir: str, steps: int = 2) ->
     ``ckpt_dir``, load them into a differently initialised FSDP2 model, and compare.
 
     Returns the shape of a sharded weight, the files written (rank 0's view), the full weights
-    saved and loaded, Adam's step count before and after, and the loss of one more step taken by
-    the original and by the restored model (equal if the whole training state came back).
+    saved and loaded, Adam's step count before and after, whether this rank's shards of Adam's
+    two moments came back equal (``moments_equal``), and the losses of two more steps taken by
+    the original and by the restored model (``next_loss``, ``later_loss``). The first of those
+    losses is computed before ``optimizer.step()``, so it sees only the weights; the second
+    follows one Adam step, so it also sees the moments. ``reset_loss`` is that second loss for
+    a model given the saved weights but a fresh Adam (moments and step count at zero): it
+    differs, which shows that ``later_loss`` can tell.
     """
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                         set_model_state_dict, set_state_dict)
 
     from ..checks import int_at_least
     from ..data import rank_batch, synthetic_regression
@@ -80,11 +86,29 @@ def dcp_round_trip(rank: int, world_size: int, ckpt_dir: str, steps: int = 2) ->
         return int(next(iter(o.state.values()))["step"].item())
 
     steps_saved, steps_loaded = adam_step(opt), adam_step(fresh_opt)
+    moments_equal = all(
+        torch.equal(_local(opt.state[p][k]), _local(fresh_opt.state[q][k]))
+        for p, q in zip(model.parameters(), fresh.parameters()) for k in ("exp_avg", "exp_avg_sq"))
+
+    # the saved weights with a fresh Adam: what a checkpoint without the optimizer gives back
+    bare, bare_opt = make(seed=1)
+    bare_state = {"model": get_model_state_dict(bare)}
+    dcp.load(bare_state, checkpoint_id=ckpt_dir)
+    set_model_state_dict(bare, bare_state["model"])
     next_loss = (train_step(model, opt, x, y), train_step(fresh, fresh_opt, x, y))
+    train_step(bare, bare_opt, x, y)
+    later_loss = (train_step(model, opt, x, y), train_step(fresh, fresh_opt, x, y))
+    reset_loss = train_step(bare, bare_opt, x, y)
     dist.barrier()
     return {"rank": rank, "shard": shard, "files": sorted(os.listdir(ckpt_dir)),
             "saved": saved, "before": before, "loaded": loaded,
-            "adam_steps": (steps_saved, steps_loaded), "next_loss": next_loss}
+            "adam_steps": (steps_saved, steps_loaded), "moments_equal": moments_equal,
+            "next_loss": next_loss, "later_loss": later_loss, "reset_loss": reset_loss}
+
+
+def _local(t):
+    """This rank's part of a tensor: a DTensor's local shard, a plain tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def traffic_tour(rank: int, world_size: int, parallels=TOUR_PARALLELS) -> dict:
@@ -108,16 +132,19 @@ def fsdp_tour(rank: int, world_size: int, ckpt_dir: str, parallels=TOUR_PARALLEL
 
 # --- the root unit: what it keeps unsharded, and wrapping embedding and head apart
 
-ROOT_WRAPPINGS = ("root", "separate")
-MOMENTS = ("lượt xuôi, khối cuối", "giữa lượt xuôi và lượt ngược", "lượt ngược, khối đầu")
+ROOT_WRAPPINGS = ("root", "root_true", "separate")
+MOMENTS = ("lượt xuôi, khối cuối", "giữa lượt xuôi và lượt ngược", "lượt ngược, khối cuối",
+           "lượt ngược, khối đầu")
 
 
 def wrap_tiny_transformer(model, wrapping: str):
     """FSDP2 on ``models.TinyTransformer``. ``"root"``: ``fully_shard`` each block, then the
     root, which keeps the embedding, the final norm and the head (PyTorch's default
-    ``reshard_after_forward=None``). ``"separate"``: the embedding and ``[norm, head]`` are
-    units of their own, resharded after forward, as torchtitan wraps ``tok_embeddings``
-    (``torchtitan/models/llama3/infra/parallelize.py``, ``apply_fsdp``); the root keeps nothing."""
+    ``reshard_after_forward=None``). ``"root_true"``: the same with
+    ``reshard_after_forward=True`` for the root too. ``"separate"``: the embedding and
+    ``[norm, head]`` are units of their own, resharded after forward, as torchtitan wraps
+    ``tok_embeddings`` (``torchtitan/models/llama3/infra/parallelize.py``, ``apply_fsdp``); the
+    root keeps nothing."""
     from ..checks import one_of
     from ..launch import device
     from ..train import shard_blocks
@@ -125,7 +152,8 @@ def wrap_tiny_transformer(model, wrapping: str):
     one_of("wrapping", wrapping, ROOT_WRAPPINGS)
     model = model.to(device())
     separate = (model.embed, [model.norm, model.head]) if wrapping == "separate" else ()
-    return shard_blocks(model, type(model.blocks[0]), separate=separate)
+    kwargs = {"reshard_after_forward": True} if wrapping == "root_true" else {}
+    return shard_blocks(model, type(model.blocks[0]), separate=separate, **kwargs)
 
 
 def _look_through_step(wrapping: str, rank: int, batch_size: int, x, y) -> dict:
@@ -141,22 +169,23 @@ def _look_through_step(wrapping: str, rank: int, batch_size: int, x, y) -> dict:
         seen[moment] = {name: not isinstance(getattr(model, name).weight, DTensor)
                         for name in ("embed", "head")}
 
-    h1 = model.blocks[-1].register_forward_pre_hook(lambda *_: look(MOMENTS[0]))
-    h2 = model.blocks[0].register_full_backward_pre_hook(lambda *_: look(MOMENTS[2]))
+    hooks = (model.blocks[-1].register_forward_pre_hook(lambda *_: look(MOMENTS[0])),
+             model.blocks[-1].register_full_backward_pre_hook(lambda *_: look(MOMENTS[2])),
+             model.blocks[0].register_full_backward_pre_hook(lambda *_: look(MOMENTS[3])))
     dev = next(model.parameters()).device
     xb, yb = (t[rank * batch_size:(rank + 1) * batch_size].to(dev) for t in (x, y))
     logits = model(xb)
     look(MOMENTS[1])
     torch.nn.functional.cross_entropy(logits.flatten(0, 1), yb.flatten()).backward()
-    h1.remove()
-    h2.remove()
+    for h in hooks:
+        h.remove()
     return seen
 
 
 def root_unsharded(rank: int, world_size: int, batch_size: int = 4) -> dict:
     """Rank function: for each of ``ROOT_WRAPPINGS``, one step of a TinyTransformer, looking at
-    three moments (``MOMENTS``: the last block's forward, between forward and backward, the
-    first block's backward) whether the embedding and the head are unsharded right then: FSDP2
+    four moments (``MOMENTS``: the last block's forward, between forward and backward, the last
+    and the first block's backward) whether the embedding and the head are unsharded: FSDP2
     swaps a module's parameter between a sharded DTensor and a plain full tensor. Also returns
     the parameters of the embedding, the head and the whole model."""
     import warnings

@@ -3,7 +3,8 @@
 * ``measure_strategies``: one launch that trains the chapter's small MLP under DDP, FSDP1
   (NO_SHARD, SHARD_GRAD_OP, FULL_SHARD) and FSDP2, and measures each with
   ``measure.measure_step``; it also measures DDP's peak with ``gradient_as_bucket_view=True``,
-  to show what the bucket buffers cost.
+  to show what the bucket buffers cost, and what FSDP2 holds of a unit while it computes
+  (``gathered_unit``).
 * ``compare_rows`` / ``comparison_table``: measured state bytes beside ``memory.vram_ledger``.
 * ``zero_stages``, ``max_params``: the ZeRO formulas for a model and the largest model a card
   (``memory.Card``) holds; ``stacked_bars``: the per-GPU figure with, as lines, what PyTorch can
@@ -62,13 +63,68 @@ def ddp_bucket_view_peak(rank: int, world_size: int, batch_size: int = 8, warmup
     return peak_memory(lambda: train_step(wrapped, optimizer, x, y), wrapped, optimizer)
 
 
+def gathered_unit(rank: int, world_size: int, block: int = 1, batch_size: int = 8) -> dict:
+    """Rank function: what an FSDP2 rank holds of one unit (``blocks[block]`` of the small MLP)
+    while that unit computes its forward, in bytes of storage: its shard of the parameters
+    (``FSDPParam._sharded_param_data``, which FSDP2 never frees), the unsharded parameters
+    (``FSDPParam.all_gather_outputs``, full size), the AllGather's output buffer, still held in
+    ``comm_ctx.all_gather_state`` until the next unit's ``wait_for_unshard``
+    (``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py``), and the unit's full size;
+    ``shard_inside`` says whether the shard's storage is one of the unsharded tensors (it is
+    not: the whole unit is allocated beside the shard)."""
+    import torch
+
+    from ..data import rank_batch, synthetic_regression
+    from ..models import build_mlp
+    from ..train import apply_fsdp2, train_step
+
+    model = apply_fsdp2(build_mlp())
+    unit = model.blocks[block]
+    group = unit._get_fsdp_state()._fsdp_param_group
+    seen = {}
+
+    def look(*_):
+        fps = group.fsdp_params
+        full = {fp.all_gather_outputs[0].untyped_storage().data_ptr():
+                fp.all_gather_outputs[0].untyped_storage().nbytes() for fp in fps}
+        held = group.comm_ctx.all_gather_state
+        seen.update(
+            shard=sum(fp._sharded_param_data.untyped_storage().nbytes() for fp in fps),
+            unsharded=sum(full.values()),
+            buffer=0 if held is None
+            else held.all_gather_result.all_gather_output.untyped_storage().nbytes(),
+            unit=sum(p.numel() * p.element_size() for p in unit.parameters()),
+            shard_inside=any(fp._sharded_param_data.untyped_storage().data_ptr() in full
+                             for fp in fps))
+
+    hook = unit.linear.register_forward_pre_hook(look)  # inside the unit: it is unsharded
+    ds = synthetic_regression(batch_size * world_size)
+    x, y = rank_batch(ds.tensors, rank, batch_size, next(model.parameters()).device)
+    train_step(model, torch.optim.Adam(model.parameters(), lr=1e-3), x, y)
+    hook.remove()
+    return seen
+
+
 def measure_strategies(rank: int, world_size: int, runs=RUNS) -> dict:
     """Rank function for ``launch.spawn``: ``measure_step`` for each of ``runs`` (keyed by the
-    name shown), one launch for the whole page, plus ``"bucket_view_peak"``."""
+    name shown), one launch for the whole page, plus ``"bucket_view_peak"`` and
+    ``"gathered"`` (``gathered_unit``).
+
+    FSDP1 and FSDP2 wrappers form reference cycles, so a finished run's model stays allocated
+    until the garbage collector runs; on a GPU, ``max_memory_allocated`` would count it in the
+    next run's peak. ``gc.collect()`` before each run frees it."""
+    import gc
+
     from ..measure import measure_step
 
-    out = {name: measure_step(rank, world_size, par) for name, par in runs}
+    out = {}
+    for name, par in runs:
+        gc.collect()
+        out[name] = measure_step(rank, world_size, par)
+    gc.collect()
     out["bucket_view_peak"] = ddp_bucket_view_peak(rank, world_size)
+    gc.collect()
+    out["gathered"] = gathered_unit(rank, world_size)
     return out
 
 
@@ -84,7 +140,10 @@ class Row:
 
     @property
     def equal(self) -> bool:
-        return self.predicted == self.measured
+        """The ledger's parameters, gradients and optimizer state equal what the rank held
+        (DDP's bucket copy, ``Ledger.buffers``, is not state: the peak measures it)."""
+        p, m = self.predicted, self.measured
+        return (p.params, p.grads, p.optimizer) == (m.params, m.grads, m.optimizer)
 
 
 def compare_rows(results: dict, world_size: int = 2, runs=RUNS) -> list[Row]:
