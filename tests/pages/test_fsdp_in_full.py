@@ -140,3 +140,26 @@ def test_checkpoint_reshards_and_loads_without_process_group(tour):
     model = fsdp_in_full.load_for_inference(ckpt)
     with torch.no_grad():
         assert torch.equal(model(fsdp_in_full.probe_inputs()), save["preds"])
+
+
+def test_dcp_save_on_a_gloo_rank_never_touches_cuda(tmp_path, monkeypatch):
+    """Review D10: with CUDA visible, DCP's default writer copies ahead through
+    ``torch.cuda.current_stream()`` even on a gloo CPU rank (an unwanted CUDA context; a failure
+    in gpu-check's no-CUDA fallbacks). ``cpu_safe_writer`` turns that off on CPU ranks. Here the
+    process pretends to be a CUDA build whose streams refuse to be touched."""
+    import torch.distributed as dist
+
+    def refuse(*a, **k):
+        raise AssertionError("rank gloo đã chạm vào CUDA (torch.cuda.current_stream)")
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)
+    try:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_stream", refuse)
+        out = fsdp_in_full.save_checkpoint(0, 1, str(tmp_path / "ckpt"))
+    finally:
+        dist.destroy_process_group()
+    assert out["files"] == [".metadata", "__0_0.distcp"]

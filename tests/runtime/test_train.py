@@ -101,6 +101,7 @@ def test_every_training_script_takes_its_autocast_from_the_one_rule():
         assert not own, f"{path.name} chọn autocast riêng: {own}"
     from dpbook.scripts import ddp_script
 
-    cfg = ddp_script.ScriptConfig(epochs=1, num_samples=16, eval_samples=4, progress=False)
+    cfg = ddp_script.ScriptConfig(epochs=1, num_samples=16, eval_samples=4, progress=False,
+                                  device="cpu")  # pinned: on a GPU machine it would pick cuda
     r = ddp_script.run(0, 1, cfg)  # the CPU: no autocast, no loss scaling
     assert (r["autocast"], r["amp_dtype"], r["loss_scaling"]) == (False, None, False)

@@ -196,3 +196,63 @@ def test_two_nodes_survive_a_killed_worker_while_the_other_is_blocked(tmp_path):
                             output="none")[0][0]
     assert state.keys() == expected["state"].keys()
     assert all(torch.equal(state[k], expected["state"][k]) for k in state)
+
+
+@pytest.mark.distributed
+def test_an_elastic_job_loses_a_whole_node_and_goes_on_with_the_other(tmp_path):
+    """Issue 26, item 2: ``--nnodes=1:2``, two agents (emulated nodes, one worker each). After
+    the first checkpoint the agent of rank 1 dies with its worker (a node lost), and the worker of
+    rank 0 fails (as its next collective would). With one restart left, the surviving agent meets
+    alone (one node is enough: ``1:2``), its new worker resumes from the checkpoint rank 0 picks,
+    now with world size 1, and the job ends with the weights of an uninterrupted run (the data of
+    a step does not depend on the world size: ``resume.batch_indices``)."""
+    import os
+    import signal
+    import sys
+
+    from dpbook import torchrun
+
+    ckpt, out = tmp_path / "elastic", tmp_path / "elastic.pt"
+    port = torchrun.free_port()
+
+    def agent(is_host: int, last_call_s: int) -> list[str]:
+        # test only: agent 0 hosts the rendezvous store (the one killed must not), and its
+        # last call for a round with fewer than 2 nodes is short
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2",
+                "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+                "--rdzv_id=elastic", "--max_restarts=1",
+                f"--rdzv_conf=is_host={is_host},last_call_timeout={last_call_s}",
+                "-m", "dpbook.scripts.resume", "--ckpt-dir", str(ckpt), "--out", str(out),
+                "--steps", "12", "--ckpt-every", "4"]
+
+    done = []
+
+    def fault(procs):
+        pids = [ckpt / "pid.0", ckpt / "pid.1"]
+        if done or not all(p.exists() for p in pids):
+            return
+        w0, w1 = (int(p.read_text()) for p in pids)
+        parent = {w: int(open(f"/proc/{w}/stat").read().rsplit(")", 1)[1].split()[1])
+                  for w in (w0, w1)}
+        assert parent == {w0: procs[0].pid, w1: procs[1].pid}, parent  # rank r on agent r
+        os.kill(procs[1].pid, signal.SIGKILL)  # node 1 is gone: its agent...
+        os.kill(w1, signal.SIGKILL)  # ...and its worker
+        os.kill(w0, signal.SIGKILL)  # rank 0's next collective would fail: it fails now
+        done.append(True)
+
+    results = torchrun.run_parallel(
+        [agent(1, 5), agent(0, 5)], timeout=120, during=fault,
+        env={**torchrun.BACKEND_ENV["gloo"], resume.HOLD_VAR: 60,
+             "DPBOOK_TEST_PG_TIMEOUT_S": 20})
+    detail = "\n".join(f"--- agent {r.node_rank} (mã thoát {r.returncode}) ---\n{r.output[-3000:]}"
+                       for r in results)
+    assert done, detail
+    assert results[0].returncode == 0 and results[1].returncode == -signal.SIGKILL, detail
+    state, summary = resume.read_result(str(out))
+    assert [(a["attempt"], a["from_step"], a["world_size"]) for a in summary["attempts"]] == [
+        (0, 0, 2), (1, 4, 1)], summary["attempts"]
+    ref = resume.ResumeConfig(ckpt_dir=str(tmp_path / "ref"), out="", steps=12, ckpt_every=4)
+    expected = launch.spawn(resume.run, ref, world_size=2, backend="gloo", timeout=60,
+                            output="none")[0][0]
+    for k, v in expected["state"].items():
+        torch.testing.assert_close(state[k], v, rtol=0, atol=1e-12)

@@ -305,6 +305,18 @@ def probe_inputs() -> torch.Tensor:
     return synthetic_regression(4, seed=1).tensors[0].double()
 
 
+def cpu_safe_writer(ckpt_dir: str):
+    """DCP's file writer for this rank. On a CPU rank (gloo) it copies nothing ahead: with the
+    default ``per_thread_copy_ahead`` the writer builds ``_OverlappingCpuLoader`` whenever CUDA
+    is visible, and that calls ``torch.cuda.current_stream()``, opening a CUDA context in a rank
+    that must not touch the GPU (torch/distributed/checkpoint/filesystem.py,
+    ``_write_files_from_queue``)."""
+    import torch.distributed.checkpoint as dcp
+
+    ahead = {"per_thread_copy_ahead": 0} if device().type == "cpu" else {}
+    return dcp.FileSystemWriter(ckpt_dir, **ahead)
+
+
 def save_checkpoint(rank: int, world_size: int, ckpt_dir: str, steps: int = 2) -> dict:
     """Rank function: train ``steps`` steps, save model and Adam state with DCP (every rank writes
     its own shards), then take one more step. Returns the full state saved, the predictions on
@@ -319,7 +331,7 @@ def save_checkpoint(rank: int, world_size: int, ckpt_dir: str, steps: int = 2) -
     for step in range(steps):
         _step_on(model, opt, step, rank, world_size)
     msd, osd = get_state_dict(model, opt)  # sharded (DTensor) state dicts: no gathering
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=ckpt_dir)
+    dcp.save({"model": msd, "optim": osd}, storage_writer=cpu_safe_writer(ckpt_dir))
     saved = _full_training_state(model, opt)
     with torch.no_grad():
         preds = model(probe_inputs().to(device())).cpu()

@@ -63,6 +63,7 @@ class ScriptConfig:
     checkpoint: str | None = None
     resume: bool = False
     progress: bool = True
+    device: str | None = None  # without a process group: "cpu" pins it; None: cuda if available
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "accumulation_steps", "num_samples",
@@ -237,8 +238,8 @@ def _from_rank_0(value):
 def _setup(cfg: ScriptConfig):
     """Device, model (wrapped in DDP inside a process group), optimizer, gradient scaler, first
     epoch."""
-    dev = (rank_device() if dist.is_initialized()
-           else torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = (rank_device() if dist.is_initialized() else torch.device(
+        cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")))
     model = build_mlp(seed=cfg.seed, **MODEL).to(dev, DTYPES[cfg.dtype])
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     scaler = mixed_precision(dev, cfg.amp).scaler()

@@ -89,7 +89,8 @@ def run_method(method: str, env: dict, steps: int, batch_size: int, out_dir: str
     trained = fit(rank, world, par, steps=steps, batch_size=batch_size, dtype=torch.float64)
     shared = [trained["state"] if rank == 0 else None]
     dist.broadcast_object_list(shared, src=0)  # rank 0's weights, to compare with
-    if rank == 0:
+    if rank == 0:  # only rank 0 writes, so only its node needs out_dir: created if missing
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
         torch.save(trained["state"], Path(out_dir) / STATE_FILE.format(method=method))
     return {"rank": rank, "local_rank": env["LOCAL_RANK"], "group_rank": env["GROUP_RANK"],
             "losses": trained["losses"], "gap_to_rank0": max_gap(trained["state"], shared[0]),
@@ -134,8 +135,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         int_at_least("batch_size", args.batch_size)
     except ValueError as err:
         p.error(str(err))
-    if not os.path.isdir(args.out_dir):
-        p.error(f"out_dir không phải thư mục có sẵn: {args.out_dir!r}")
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        p.error(f"out_dir là một file, không phải thư mục: {args.out_dir!r}")
     return args
 
 

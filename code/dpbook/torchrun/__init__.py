@@ -212,11 +212,11 @@ def run(target: str, args=(), *, nproc_per_node: int = 2, nnodes: int = 1,
 
 
 def run_parallel(cmds, timeout: float = 120.0, env: dict | None = None,
-                 cwd: str | None = None) -> list[AgentResult]:
+                 cwd: str | None = None, during=None) -> list[AgentResult]:
     """Start every command of ``cmds`` at once (the same ``torchrun`` line typed on each node of
     an emulated cluster), wait for all and return one ``AgentResult`` each, in order; after
     ``timeout`` seconds kill every process tree and raise ``TimeoutError``. No check: the
-    caller reads ``returncode``."""
+    caller reads ``returncode``. ``during``: as in ``run``."""
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout phải là số giây dương, nhận được {timeout!r}.")
     cmds = [[str(c) for c in cmd] for cmd in cmds]
@@ -226,7 +226,7 @@ def run_parallel(cmds, timeout: float = 120.0, env: dict | None = None,
         for cmd, log in zip(cmds, logs):
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                           env=_env(env), cwd=cwd))
-        _wait_all(procs, timeout, logs)
+        _wait_all(procs, timeout, logs, during)
         return [AgentResult(i, tuple(c), p.returncode, _read(log))
                 for i, (c, p, log) in enumerate(zip(cmds, procs, logs))]
     finally:
