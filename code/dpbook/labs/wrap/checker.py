@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ... import launch, measure
+from ... import launch, measure, vi
 from ...models.transformer import TransformerBlock, build_tiny_transformer, random_tokens
 
 DEPTH = 3
@@ -141,7 +141,7 @@ def _judge(rank: int, world_size: int, boc) -> dict:
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
         worst = max(worst, float((g - q.grad).abs().max()) if g is not None else float("inf"))
-    items["gradient"] = (worst <= TOLERANCE, f"sai khác lớn nhất {worst:.1e}")
+    items["gradient"] = (worst <= TOLERANCE, f"sai khác lớn nhất {vi.sci(worst, 1)}")
     return items
 
 
