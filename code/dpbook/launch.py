@@ -143,7 +143,9 @@ def plan(world_size: int | None = None, backend: str = "auto", gpus: int | None 
     against ``gpus`` GPUs: what another machine would do, ``dpbook.doctor``'s question)."""
     one_of("backend", backend, BACKENDS)
     if gpus is None:
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        # a build without NCCL has no GPU backend, whatever the GPUs (review D22; doctor's rule)
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() \
+            and dist.is_nccl_available() else 0
     if world_size is None:
         world_size = gpus if gpus >= 2 else 2
     int_at_least("world_size", world_size)
@@ -666,12 +668,22 @@ def _root_cause(errors: list[tuple], logs: list[str] | None = None) -> RankError
     return RankError(rank, exc_type, message, tb, native)
 
 
+# NCCL's watchdog names the timeout in one line; stack dumps written after it (the flight
+# recorder's, C++ frames) can push it out of the last lines (gpu-path review, D19).
+_ROOT_CAUSE_LINE = "Watchdog caught"
+
+
 def _tail(path: str, lines: int = _NATIVE_LINES) -> str:
+    """The last ``lines`` lines a rank wrote below Python, and before them the watchdog's line
+    if it fell outside."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            return "\n".join(f.read().rstrip().splitlines()[-lines:])
+            text = f.read().rstrip().splitlines()
     except OSError:
         return ""
+    tail = text[-lines:]
+    cause = next((line for line in text[:-lines] if _ROOT_CAUSE_LINE in line), None)
+    return "\n".join(([cause, "…"] if cause else []) + tail)
 
 
 def _handle(msg, seen: _Reports, output) -> None:

@@ -263,3 +263,18 @@ def test_killing_the_caller_kills_its_ranks(tmp_path):
     finally:
         if caller.poll() is None:
             caller.kill()
+
+
+def test_the_watchdog_line_survives_a_long_stack_dump(tmp_path):
+    """Review D19: NCCL's watchdog line, then 30 lines of frames; the RankError's native output
+    (the last lines) must still say what happened."""
+    from dpbook import launch
+
+    log = tmp_path / "native.log"
+    log.write_text("[rank0]:[E] Watchdog caught collective operation timeout: WorkNCCL(...)\n"
+                   + "".join(f"frame #{i}: 0x{i:08x} in libtorch_cuda.so\n" for i in range(30)),
+                   encoding="utf-8")
+    tail = launch._tail(str(log))
+    assert tail.splitlines()[0].startswith("[rank0]:[E] Watchdog caught")
+    assert tail.splitlines()[-1] == "frame #29: 0x0000001d in libtorch_cuda.so"
+    assert len(tail.splitlines()) == launch._NATIVE_LINES + 2

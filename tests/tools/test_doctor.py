@@ -83,6 +83,10 @@ def test_a_node_of_eight_h100_needs_nothing_changed():
 def test_a_small_dev_shm_without_p2p_is_told_how_to_grow():
     advice = rows(node([T4, T4], p2p=False, shm=64 * 2**20))["Đo băng thông, thời gian bước"].advice
     assert "/dev/shm chỉ có 0,1 GiB" in advice and "--shm-size=2g" in advice
+    # a Kaggle notebook cannot resize it (review D21): NCCL leaves shared memory instead
+    kaggle = node([T4, T4], p2p=False, shm=64 * 2**20, notebook="Kaggle")
+    advice = rows(kaggle)["Đo băng thông, thời gian bước"].advice
+    assert "NCCL_SHM_DISABLE=1" in advice and "--shm-size" not in advice
 
 
 def test_a_gpu_the_wheel_cannot_run_or_a_build_without_nccl_falls_back_to_the_cpu():

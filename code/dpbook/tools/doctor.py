@@ -188,9 +188,18 @@ def transport_row(m: Machine, default: launch.Plan) -> Row:
         return Row(part, "NCCL, P2P trực tiếp giữa các GPU (NVLink hoặc PCIe)")
     mode = "NCCL không có P2P: dữ liệu đi qua bộ nhớ host (transport SHM, trong /dev/shm)"
     small = m.shm_bytes is not None and m.shm_bytes < SHM_MINIMUM
-    advice = (f"/dev/shm chỉ có {gib(m.shm_bytes)}: NCCL có thể dừng khi mở bộ nhớ chung; "
-              f"chạy container với --shm-size={SHM_ADVISED // 2**30}g hoặc --ipc=host."
-              if small else "Không cần đổi gì; băng thông đo được là của đường qua host.")
+    if small and m.notebook:
+        # a cloud notebook cannot resize /dev/shm; NCCL can leave the SHM transport instead
+        # (NCCL_SHM_DISABLE, NCCL's environment variables: docs.nvidia.com/deeplearning/nccl/
+        # user-guide/docs/env.html), slower but without shared memory (review D21)
+        advice = (f"/dev/shm chỉ có {gib(m.shm_bytes)} và {m.notebook} không cho đổi: nếu NCCL "
+                  "dừng khi mở bộ nhớ chung, đặt NCCL_SHM_DISABLE=1 trước khi khởi động các "
+                  "rank (dữ liệu đi qua socket, chậm hơn).")
+    elif small:
+        advice = (f"/dev/shm chỉ có {gib(m.shm_bytes)}: NCCL có thể dừng khi mở bộ nhớ chung; "
+                  f"chạy container với --shm-size={SHM_ADVISED // 2**30}g hoặc --ipc=host.")
+    else:
+        advice = "Không cần đổi gì; băng thông đo được là của đường qua host."
     return Row(part, mode, advice)
 
 
