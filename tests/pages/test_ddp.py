@@ -1,5 +1,5 @@
 """Section 4.1.3 (DDP): the sampler, the construction Broadcast, the gradient AllReduce, the
-``module.`` prefix and rank-0 checkpointing, in ``dpbook.pages.ddp`` and ``dpbook.pages.ddp``."""
+``module.`` prefix and rank-0 checkpointing, in ``dpbook.pages.ddp``; and the runs behind the page's errata."""
 
 import matplotlib
 import pytest
@@ -54,8 +54,8 @@ def test_preset_states_are_the_ledgers_ddp_state(world_size):
     assert list(states) == list(ddp.STATE_PRESETS)
     for key, (preset, state) in states.items():
         assert preset == shapes.presets()[key]
-        assert state == memory.vram_ledger(preset.num_params, 1, "DDP", precision="mixed").state
-        assert state == 16 * preset.num_params  # 2 + 2 + 12 byte per parameter, for any N
+        assert state == memory.vram_ledger(preset.num_params, 1, "DDP").total
+        assert state == 20 * preset.num_params  # 4 + 4 + 8 byte and the bucket copy, for any N
 
 
 def test_demo_model_depends_on_seed_and_has_buffers():
@@ -117,3 +117,33 @@ def test_ddp_lifecycle(tmp_path):
     assert all(torch.equal(saved[k], r0["final"][k]) for k in saved)
     assert torch.equal(life[1]["final"]["mlp.head.weight"], r0["final"]["mlp.head.weight"])
     ddp.demo_model(0).load_state_dict(saved)
+
+
+@pytest.mark.distributed
+def test_buffers_are_broadcast_only_after_a_synchronising_forward():
+    counts = launch.spawn(ddp.buffer_broadcasts, world_size=2, backend="gloo", output="none")
+    for c in counts:  # float32 statistics and the int64 counter: one Broadcast per dtype
+        assert c == {"train": 2, "eval_no_grad": 2, "train_after_eval": 0, "no_sync": 2,
+                     "sync_after_no_sync": 0}
+
+
+@pytest.mark.distributed
+def test_a_rank_holds_the_bucket_copy_of_the_gradients_unless_they_are_views():
+    runs = launch.spawn(ddp.bucket_storage, world_size=2, backend="gloo", output="none")
+    for r in runs:
+        p = r[False]["num_params"]
+        assert r[False]["held"] == 20 * p and not r[False]["grads_in_buckets"]
+        assert r[True]["held"] == 16 * p and r[True]["grads_in_buckets"]
+        assert r[False]["buckets"] == r[True]["buckets"] == 4 * p
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("initial", [True, False])
+def test_join_lets_a_rank_run_out_of_data(initial):
+    runs = launch.spawn(ddp.uneven_join, world_size=2, backend="gloo", output="none",
+                        divide_by_initial_world_size=initial)
+    assert [len(r["steps"]) for r in runs] == [1, 2]
+    (both0, _), (both1, _) = runs[0]["steps"][0], runs[1]["steps"][0]
+    assert torch.equal(both0, both1)  # the step both ranks ran: the same averaged gradient
+    grad, local = runs[1]["steps"][1]  # rank 1 alone: rank 0 shadows with zeros
+    assert torch.allclose(grad, local / 2 if initial else local, rtol=0, atol=1e-15)

@@ -16,8 +16,12 @@ The page's figures, drawn from what those runs returned:
 * ``timeline_rows`` / ``collectives_figure``: the collectives one rank issued, in order, from
   DDP's construction through a few training steps, as bars of their size in bytes.
 
-``preset_states``: the model state one GPU holds under DDP for a few well-known models, the
-page's argument that DDP stops at some model size whatever the number of GPUs.
+``preset_states``: the bytes one GPU holds under DDP for a few well-known models, the page's
+argument that DDP stops at some model size whatever the number of GPUs.
+
+``buffer_broadcasts``, ``bucket_storage``, ``uneven_join``: runs behind the errata of 4.1.3 and
+4.1.1 (which forwards open with a Broadcast of buffers; the bucket copy of the gradients that a
+rank holds unless ``gradient_as_bucket_view=True``; ``DDP.join`` with uneven inputs).
 
 Colours are the book's colour-blind-safe palette (``dpbook.style``); labels are Vietnamese."""
 
@@ -217,11 +221,13 @@ STATE_PRESETS = ("gpt2-124m", "llama-7b", "llama-13b")
 
 
 def preset_states(keys=STATE_PRESETS, world_size: int = 8) -> dict[str, tuple[Preset, float]]:
-    """Each preset and the bytes of model state (parameters, gradients, Adam) on one GPU under
-    DDP with mixed precision; the same for every ``world_size``."""
+    """Each preset and the bytes one GPU holds under DDP with Adam in fp32 (also what
+    ``torch.autocast`` keeps: fp32 parameters and gradients): parameters, gradients, Adam's
+    moments and DDP's bucket copy of the gradients (``gradient_as_bucket_view=False``, the
+    default), 20 bytes per parameter; the same for every ``world_size``."""
     known = presets()
-    return {k: (known[k], vram_ledger(known[k].num_params, world_size, "DDP",
-                                      precision="mixed").state) for k in keys}
+    return {k: (known[k], vram_ledger(known[k].num_params, world_size, "DDP").total)
+            for k in keys}
 
 
 # ------------------------------------------------------------------ errata runs (4.1.1, 4.1.3)
