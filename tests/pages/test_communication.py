@@ -92,6 +92,8 @@ def test_primitives_tour_on_two_ranks():
             got = res["collectives"][name]
             assert got["before"] == communication.rank_tensor(r, 2 * n).tolist()
             assert got["after"] == exp[name][r], name
+        assert res["average"]["avg"] == res["average"]["sum_then_divide"] == [
+            (n + 1) / 2, 10 * (n + 1) / 2]  # gloo accepts ReduceOp.AVG
         ring = res["ring"]
         assert ring["received"] == communication.rank_tensor((r - 1) % n, 3).tolist()
         assert ring["to"] == (r + 1) % n and ring["from"] == (r - 1) % n

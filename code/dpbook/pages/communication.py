@@ -129,6 +129,18 @@ def barrier_wait(rank: int, world_size: int, late_rank: int = 1, delay: float = 
     return {"late": rank == late_rank, "waited": time.perf_counter() - t0}
 
 
+def average(rank: int, world_size: int) -> dict:
+    """All-reduce ``[rank + 1, 10 (rank + 1)]`` with ``ReduceOp.AVG``, and again with ``SUM``
+    then a division by ``world_size``: both backends accept ``AVG`` (gloo sums, then divides,
+    in PyTorch's own wrapper)."""
+    dev = device()
+    x = torch.tensor([rank + 1.0, 10.0 * (rank + 1)], device=dev)
+    avg, total = x.clone(), x.clone()
+    dist.all_reduce(avg, op=dist.ReduceOp.AVG)
+    dist.all_reduce(total)
+    return {"avg": _listed(avg), "sum_then_divide": _listed(total / world_size)}
+
+
 def _compute(a: torch.Tensor, repeats: int) -> None:
     for _ in range(repeats):
         a = torch.tanh(a @ a) * 0.5  # work that needs no communication
@@ -283,6 +295,7 @@ def primitives_tour(rank: int, world_size: int) -> dict:
         "whoami": whoami(rank, world_size),
         "collectives": run_collectives(rank, world_size),
         "ring": ring_pass(rank, world_size),
+        "average": average(rank, world_size),
         "barrier": barrier_wait(rank, world_size),
         "async": async_overlap(rank, world_size),
         "store": store_exchange(rank, world_size),
