@@ -34,11 +34,13 @@ parameters and gradients stay fp32 and whole on every rank. The DDP rung is the 
 ``16P + A`` with Adam, which is also what DDP under autocast holds (``4P + 4P + 8P``).
 
 Both DDP rungs, DDP and ZeRO-1, assume ``DistributedDataParallel(...,
-gradient_as_bucket_view=True)``: the gradients are views into the reducer's buckets
-(``torch/nn/parallel/distributed.py``, the ``gradient_as_bucket_view`` argument: "the saved memory
-size will be equal to the total gradients size"). With the default ``False``, the buckets are a
-second copy of the gradients, ``4P`` more on both rungs; ``DDP_BUCKET_COPY_BYTES`` is that copy
-per parameter, which ``bucket_copy_bytes`` gives for a job.
+gradient_as_bucket_view=True)`` (``Job.bucket_view``, True unless the job says otherwise): the
+gradients are views into the reducer's buckets (``torch/nn/parallel/distributed.py``, the
+``gradient_as_bucket_view`` argument: "the saved memory size will be equal to the total gradients
+size"). With PyTorch's default ``False`` (``Job(bucket_view=False)``), the buckets are a second
+copy of the gradients, ``4P`` more on both rungs (the ledger's ``Ledger.buffers``);
+``DDP_BUCKET_COPY_BYTES`` is that copy per parameter, which ``bucket_copy_bytes`` gives for a
+job.
 
 Memory is taken at ``phase="step"``: FSDP then also holds the full parameters of the layer it is
 computing (``largest_unit_params``) and of the root unit (``root_unit_params``), and
@@ -111,6 +113,7 @@ class Job:
     allow_checkpointing: bool = True  # may the job recompute activations?
     allow_offload: bool = True  # may the job keep its sharded state in host memory?
     host_gb: float = 2000.0  # GB (10⁹ B) of host memory per node, for offload (an assumption)
+    bucket_view: bool = True  # DDP rungs with gradient_as_bucket_view=True: no bucket copy
 
     def __post_init__(self):
         int_at_least("num_params", self.num_params)
@@ -133,7 +136,7 @@ class Job:
                 or not 0 <= self.headroom < 1:
             raise ValueError(f"headroom là phần VRAM để trống, phải nằm trong [0, 1), nhận được "
                              f"{self.headroom!r}.")
-        for name in ("allow_checkpointing", "allow_offload"):
+        for name in ("allow_checkpointing", "allow_offload", "bucket_view"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} phải là True hoặc False, nhận được "
                                  f"{getattr(self, name)!r}.")
@@ -245,7 +248,8 @@ def ladder(job: Job) -> tuple[tuple[str, bool, bool], ...]:
 
 def bucket_copy_bytes(job: Job) -> float:
     """What DDP's default ``gradient_as_bucket_view=False`` adds to both DDP rungs (DDP and
-    ZeRO-1) on each GPU: the buckets' fp32 copy of the gradients, which ``price`` leaves out."""
+    ZeRO-1) on each GPU: the buckets' fp32 copy of the gradients, which ``price`` leaves out
+    unless ``Job(bucket_view=False)``."""
     return DDP_BUCKET_COPY_BYTES * job.num_params
 
 
@@ -294,14 +298,16 @@ def price(job: Job, strategy: str, checkpointing: bool = False, offload: bool = 
     if strategy == "ZeRO-1":  # as PyTorch runs it, not the paper's stage 1 (see the module)
         ledger = memory.zero_redundancy_ledger(
             job.num_params, job.world_size, optimizer=job.optimizer,
-            activation_bytes=job.activation_bytes(checkpointing))
+            activation_bytes=job.activation_bytes(checkpointing), bucket_view=True)
     else:
         ledger = memory.vram_ledger(job.num_params, job.world_size, strategy,
                                     precision=job.precision, optimizer=job.optimizer,
                                     phase="step", largest_unit_params=job.largest_unit_params,
                                     root_unit_params=job.root_unit_params,
                                     activation_bytes=job.activation_bytes(checkpointing),
-                                    offload=offload, **hybrid)
+                                    offload=offload, bucket_view=True, **hybrid)
+    if strategy in ("DDP", "ZeRO-1") and not job.bucket_view:  # the fp32 copy, as under autocast
+        ledger = replace(ledger, buffers=bucket_copy_bytes(job))
     volume = step_volume(job, strategy)
     internode = costs.internode_bytes(volume, strategy, job.nodes, job.gpus_per_node)
     host = ledger.host * job.gpus_per_node

@@ -10,9 +10,13 @@
 * ``WireBytes``: bytes measured where they travel on a gloo rank, from the kernel's counters of
   this process's own TCP connections (``TCP_INFO``). ``gloo_wire_bytes`` is the model it is
   checked against: gloo's algorithms as its source writes them, message headers included.
-* ``state_bytes``: parameters, gradients and optimizer state a rank holds, by local size (a
-  DTensor shard or an FSDP1 flat shard counts for what this rank stores).
-* ``peak_memory``: CUDA's allocator statistics on GPU, PyTorch's ``MemTracker`` on CPU.
+* ``state_bytes``: parameters, gradients, optimizer state and communication buffers a rank
+  holds, measured where they are allocated when an ``allocations.Census`` is running (as in
+  ``measure_step``: DDP's bucket copy of the gradients shows), else the sizes of the model's and
+  optimizer's tensors (a DTensor shard or an FSDP1 flat shard counts for what this rank stores).
+* ``peak_memory``: CUDA's allocator statistics on GPU, PyTorch's ``MemTracker`` on CPU, and
+  beside it, when a census runs, the census's peak (every storage allocated and alive at the
+  worst moment) with its attribution.
 * ``time_steps``: median wall time of repeated steps, synchronising CUDA around each when the
   steps run on a GPU (``sync``: a CPU rank never opens a CUDA context).
 """
@@ -34,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .allocations import Census
 from .costs import StepVolume, ring_bytes
 from .memory import Ledger
 from .launch import device
@@ -422,29 +427,55 @@ def local_bytes(t: torch.Tensor) -> int:
 
 @dataclass(frozen=True)
 class StateBytes:
-    """Bytes of training state on one rank (activations are not state: see ``peak_memory``)."""
+    """Bytes of training state on one rank (activations are not state: see ``peak_memory``),
+    and, measured by a census (``method="census"``), the communication buffers that outlive
+    the step (``buffers``: DDP's buckets) and the rest of what the process allocated and still
+    holds (``other``: the batch, Adam's step counters, leftovers)."""
 
     params: int
     grads: int
     optimizer: int
+    buffers: int = 0
+    other: int = 0
+    method: str = "tensors"  # "census": allocations; "tensors": sizes of the model's tensors
+
+    @property
+    def state(self) -> int:
+        """Parameters, gradients and optimizer state: ``memory.Ledger.state``."""
+        return self.params + self.grads + self.optimizer
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer
+        """The state, as ``state`` (the name pages used before buffers were measured);
+        ``as_ledger().total`` adds the buffers."""
+        return self.state
 
     def as_ledger(self) -> Ledger:
         """The same bytes as a ``memory.Ledger``, to compare with ``vram_ledger``: the state
         ``measure_step`` reads (fp32, Adam, right after ``optimizer.step()``) is the ledger's
-        ``phase="rest"`` with its defaults."""
-        return Ledger(self.params, self.grads, self.optimizer)
+        ``phase="rest"`` with its defaults, DDP's buckets its ``buffers``."""
+        return Ledger(self.params, self.grads, self.optimizer, buffers=self.buffers)
 
 
-def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> StateBytes:
-    """Parameters, gradients and optimizer state of ``model`` as stored on this rank.
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                census: Census | None = None) -> StateBytes:
+    """Parameters, gradients, optimizer state and communication buffers of ``model`` as stored
+    on this rank.
 
-    Optimizer entries with a single element (Adam's ``step`` counter) are left out: they are
-    bookkeeping, not state that scales with the model.
+    Measured (``method="census"``) when a census runs (``census``, else the innermost one
+    entered, ``allocations.Census.current()``): the bytes of the storages the process allocated
+    and still holds, by category (``Census.breakdown``). On gloo, call ``settle_collectives()``
+    first. Without a census, the sizes of the model's and optimizer's tensors: that cannot see
+    what the wrapper allocated (``buffers`` and ``other`` are 0).
+
+    Optimizer entries with a single element (Adam's ``step`` counter) are left out of
+    ``optimizer``: they are bookkeeping, not state that scales with the model.
     """
+    census = census or Census.current()
+    if census is not None:
+        b = census.breakdown(model, optimizer)
+        return StateBytes(b["parameters"], b["gradients"], b["optimizer"], b["buffers"],
+                          b["other"], "census")
     params = list(model.parameters())
     p_bytes = sum(local_bytes(p) for p in params)
     g_bytes = sum(local_bytes(p.grad) for p in params if p.grad is not None)
@@ -458,11 +489,16 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None 
 
 @dataclass
 class PeakMemory:
-    """Peak bytes during a run, and how it was measured."""
+    """Peak bytes during a run, and how it was measured: ``"cuda"`` (the caching allocator's
+    statistics) or ``"memtracker"`` (``breakdown``: by ``MemTracker``'s categories). When an
+    ``allocations.Census`` ran, ``allocated`` is its peak over the same run and ``parts`` its
+    attribution then, by ``allocations.CATEGORIES`` (summing to ``allocated``)."""
 
     peak: int
-    method: str  # "cuda" or "memtracker"
+    method: str
     breakdown: dict[str, int] = field(default_factory=dict)
+    allocated: int = 0
+    parts: dict[str, int] = field(default_factory=dict)
 
 
 def peak_memory(run: Callable[[], None], *tracked: Iterable) -> PeakMemory:
@@ -471,7 +507,11 @@ def peak_memory(run: Callable[[], None], *tracked: Iterable) -> PeakMemory:
     On CUDA: ``torch.cuda.max_memory_allocated`` after resetting the peak. On CPU: PyTorch's
     ``MemTracker``, which needs the model and optimizer created before it (pass them as
     ``tracked``); its peak counts parameters, gradients, optimizer state, activations and
-    temporaries, per category.
+    temporaries, per category (a storage allocated before it began counts from the first
+    operator that writes it: DDP's buckets, as temporaries, when the gradients are copied in;
+    one that no operator touches, such as the batch, does not count). When a census runs
+    (``allocations.Census.current()``), its peak over ``run`` is ``allocated``: everything
+    allocated since the census began and alive at the worst moment, attributed in ``parts``.
     """
     if device().type == "cuda":
         torch.cuda.synchronize()
@@ -481,15 +521,25 @@ def peak_memory(run: Callable[[], None], *tracked: Iterable) -> PeakMemory:
         return PeakMemory(torch.cuda.max_memory_allocated(), "cuda")
     from torch.distributed._tools.mem_tracker import MemTracker
 
+    census = Census.current()
     tracker = MemTracker()
     tracker.track_external(*tracked)
+    if census is not None:
+        census.watch(*(m for m in tracked if isinstance(m, torch.nn.Module)))
+        census.reset_peak()
     with tracker:
         tracker.reset_mod_stats()
         run()
     snap = tracker.get_tracker_snapshot("peak")
     cpu = next((v for k, v in snap.items() if torch.device(k).type == "cpu"), {})
     breakdown = {str(k): int(v) for k, v in cpu.items()}
-    return PeakMemory(int(cpu.get("Total", 0)), "memtracker", breakdown)
+    peak = PeakMemory(int(cpu.get("Total", 0)), "memtracker", breakdown)
+    if census is not None:
+        model = next((m for m in tracked if isinstance(m, torch.nn.Module)), None)
+        opt = next((o for o in tracked if isinstance(o, torch.optim.Optimizer)), None)
+        peak.allocated = census.peak_bytes()
+        peak.parts = census.breakdown(model, opt, at_peak=True)
+    return peak
 
 
 def sync(dev: torch.device) -> None:
@@ -599,21 +649,24 @@ def measure_step(rank: int, world_size: int, par=None, model_kwargs: dict | None
 
     Returns the collectives of that step (``records``; ``volume``: the ring formula's bytes for
     them), the bytes counted on this rank's sockets (``wire``, None off gloo), the state bytes
-    right after ``optimizer.step()`` (gradients still present), the peak memory and the median
-    step time, with the numbers the formulas need (``num_params``, ``root_params``: parameters
-    no ``Block`` owns).
+    right after ``optimizer.step()`` (gradients still present), measured by an
+    ``allocations.Census`` that runs from before the model is built, the peak memory (with the
+    census's beside it on CPU) and the median step time, with the numbers the formulas need
+    (``num_params``, ``root_params``: parameters no ``Block`` owns).
     """
     from .train import train_step
 
-    wrapped, optimizer, x, y, info = _training_setup(rank, world_size, par, model_kwargs,
-                                                     batch_size)
-    dev = x.device
-    for _ in range(warmup):
-        train_step(wrapped, optimizer, x, y)
-    log, wire = _measured_step(wrapped, optimizer, x, y)
-    state = state_bytes(wrapped, optimizer)
-    optimizer.zero_grad(set_to_none=True)
-    peak = peak_memory(lambda: train_step(wrapped, optimizer, x, y), wrapped, optimizer)
+    with Census() as census:  # from before the model exists: every allocation of the run
+        wrapped, optimizer, x, y, info = _training_setup(rank, world_size, par, model_kwargs,
+                                                         batch_size)
+        dev = x.device
+        for _ in range(warmup):
+            train_step(wrapped, optimizer, x, y)
+        log, wire = _measured_step(wrapped, optimizer, x, y)
+        settle_collectives()
+        state = state_bytes(wrapped, optimizer, census)
+        optimizer.zero_grad(set_to_none=True)
+        peak = peak_memory(lambda: train_step(wrapped, optimizer, x, y), wrapped, optimizer)
     times = time_steps(lambda: train_step(wrapped, optimizer, x, y), repeats=repeats, warmup=0,
                        dev=dev)
     return info | {

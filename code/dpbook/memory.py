@@ -43,8 +43,18 @@ the parameter's dtype. PyTorch keeps no fp32 master copy: with ``torch.autocast`
 parameters and their gradients stay fp32 and whole on every rank. So a rank holds
 ``4P + 4P + KP/N`` (Adam: ``8P + 8P/N``), whatever the job's precision, where the paper's
 "ZeRO-1" row, mixed, holds ``2P + 2P + 12P/N``. ``KP/N`` is the even share; whole tensors make
-the heaviest rank hold a little more. Like the DDP row, it does not count DDP's bucket copy of
-the gradients (``4P`` more unless ``DistributedDataParallel(..., gradient_as_bucket_view=True)``).
+the heaviest rank hold a little more. Like the DDP row, it counts DDP's bucket copy of the
+gradients in ``Ledger.buffers`` (``4P``; none with ``bucket_view=True``).
+
+DDP's buckets (``Ledger.buffers``): ``DistributedDataParallel`` builds a ``Reducer`` whose
+``initialize_buckets`` (torch/csrc/distributed/c10d/reducer.cpp) allocates one flat
+``bucket.gradients`` tensor per bucket, in the gradients' dtype, and copies each gradient into
+it before the AllReduce: a second copy of the gradients that lives as long as the model. With
+``gradient_as_bucket_view=True`` the gradients are views into those buckets and the copy is gone
+(``bucket_view=True``). So DDP holds ``16P + 4P = 20P`` by default in fp32 with Adam
+(``measure.state_bytes`` measures it). The paper's ZeRO rows and FSDP count no such buffer
+(``buffers`` is 0): theirs (DeepSpeed's fixed-size buckets, FSDP's per-unit AllGather and
+ReduceScatter buffers) do not grow with the whole model.
 
 Activations are not state: they depend on batch size, sequence length and checkpointing, so
 the caller passes them as ``activation_bytes`` (the ledger does not guess them).
@@ -111,6 +121,10 @@ class Ledger:
     optimizer: float
     activations: float = 0.0
     host: float = 0.0  # bytes of this rank's state kept in host (CPU) memory: CPU offload
+    # Communication buffers that live as long as the model: DDP's buckets, a second copy of the
+    # gradients unless ``gradient_as_bucket_view=True`` (torch/csrc/distributed/c10d/reducer.cpp,
+    # ``Reducer::initialize_buckets``: one flat ``bucket.gradients`` tensor per bucket).
+    buffers: float = 0.0
 
     @property
     def state(self) -> float:
@@ -118,7 +132,7 @@ class Ledger:
 
     @property
     def total(self) -> float:
-        return self.state + self.activations
+        return self.state + self.buffers + self.activations
 
 
 def bytes_per_param(precision: str = "fp32", optimizer: str = "adam") -> tuple[int, int, int]:
@@ -138,27 +152,33 @@ def zero_redundancy_bytes(optimizer: str = "adam") -> tuple[int, int, int]:
 
 
 def zero_redundancy_ledger(num_params: int, world_size: int = 1, *, optimizer: str = "adam",
-                           activation_bytes: float = 0.0) -> Ledger:
+                           activation_bytes: float = 0.0, bucket_view: bool = False) -> Ledger:
     """Bytes on one rank with DDP and ``ZeroRedundancyOptimizer``: parameters and gradients
-    whole, the optimizer state divided by ``world_size`` (``zero_redundancy_bytes``)."""
+    whole, the optimizer state divided by ``world_size`` (``zero_redundancy_bytes``), and DDP's
+    bucket copy of the gradients (none with ``bucket_view``)."""
     int_at_least("num_params", num_params)
     int_at_least("world_size", world_size)
     non_negative("activation_bytes", activation_bytes)
+    _check_bool("bucket_view", bucket_view)
     bp, bg, bo = zero_redundancy_bytes(optimizer)
     return Ledger(params=float(num_params * bp), grads=float(num_params * bg),
-                  optimizer=num_params * bo / world_size, activations=float(activation_bytes))
+                  optimizer=num_params * bo / world_size, activations=float(activation_bytes),
+                  buffers=0.0 if bucket_view else float(num_params * bg))
 
 
 def vram_ledger(num_params: int, world_size: int = 1, strategy: str = "DDP", *,
                 precision: str = "fp32", optimizer: str = "adam", phase: str = "rest",
                 shard_size: int | None = None, largest_unit_params: int = 0,
                 root_unit_params: int = 0, activation_bytes: float = 0.0,
-                offload: bool = False) -> Ledger:
+                offload: bool = False, bucket_view: bool = False) -> Ledger:
     """Bytes of parameters, gradients and optimizer state on one rank (``offload``: on the GPU,
-    with the sharded state in ``Ledger.host``)."""
+    with the sharded state in ``Ledger.host``), and for ``"DDP"`` the bucket copy of the
+    gradients in ``Ledger.buffers`` (none with ``bucket_view``, DDP's
+    ``gradient_as_bucket_view=True``)."""
     _validate(num_params, world_size, strategy, phase, shard_size,
               (largest_unit_params, root_unit_params), activation_bytes)
     _validate_offload(offload, strategy)
+    _check_bool("bucket_view", bucket_view)
     bp, bg, bo = bytes_per_param(precision, optimizer)
     n = shard_size if strategy == "HYBRID_SHARD" else world_size
     if offload:
@@ -173,7 +193,8 @@ def vram_ledger(num_params: int, world_size: int = 1, strategy: str = "DDP", *,
     return Ledger(params=params,
                   grads=num_params * bg / (n if shard_g else 1),
                   optimizer=num_params * bo / (n if shard_o else 1),
-                  activations=float(activation_bytes))
+                  activations=float(activation_bytes),
+                  buffers=float(num_params * bg) if strategy == "DDP" and not bucket_view else 0.0)
 
 
 def _offloaded(num_params, n, strategy, phase, sizes, gathered, activation_bytes) -> Ledger:
@@ -206,9 +227,13 @@ def checkpointed_activation_bytes(activation_bytes: float, num_blocks: int,
     return activation_bytes * (kept_fraction + 1 / num_blocks)
 
 
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} phải là True hoặc False, nhận được {value!r}.")
+
+
 def _validate_offload(offload, strategy) -> None:
-    if not isinstance(offload, bool):
-        raise ValueError(f"offload phải là True hoặc False, nhận được {offload!r}.")
+    _check_bool("offload", offload)
     if offload and strategy not in OFFLOAD_STRATEGIES:
         raise ValueError(
             f"offload=True chỉ dùng được với các chiến lược FSDP {OFFLOAD_STRATEGIES} "

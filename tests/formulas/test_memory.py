@@ -28,7 +28,11 @@ def test_sharding_divides_by_world_size(n):
     full = memory.vram_ledger(1000, n, "DDP")
     for s in ("FULL_SHARD", "SHARD_GRAD_OP", "ZeRO-3"):
         assert memory.vram_ledger(1000, n, s).state == pytest.approx(full.state / n)
-    assert memory.vram_ledger(1000, n, "NO_SHARD") == full
+    # FSDP's NO_SHARD keeps DDP's state but not its bucket copy of the gradients
+    no_shard = memory.vram_ledger(1000, n, "NO_SHARD")
+    assert no_shard.state == full.state and no_shard.buffers == 0
+    assert full.buffers == full.grads == memory.vram_ledger(1000, n, "DDP", bucket_view=True).grads
+    assert memory.vram_ledger(1000, n, "DDP", bucket_view=True).buffers == 0
 
 
 def test_shard_grad_op_holds_full_parameters_during_the_step():
@@ -46,7 +50,11 @@ def test_hybrid_shards_within_the_group_only():
 
 def test_activations_are_a_separate_term():
     led = memory.vram_ledger(1000, 1, activation_bytes=500)
-    assert led.state == 16000 and led.total == 16500
+    # DDP's total: the state, its bucket copy of the gradients (4 B each) and the activations
+    assert led.state == 16000 and led.buffers == 4000 and led.total == 20500
+    assert memory.vram_ledger(1000, 1, activation_bytes=500, bucket_view=True).total == 16500
+    with pytest.raises(ValueError, match="bucket_view"):
+        memory.vram_ledger(1000, 1, bucket_view="yes")
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -85,7 +93,9 @@ def test_zero_redundancy_optimizer_as_pytorch_runs_it():
     # fp32 parameters and gradients, whole on every rank; only the wrapped optimizer's state / N
     led = memory.zero_redundancy_ledger(10**9, 8, activation_bytes=5)
     assert (led.params, led.grads, led.optimizer, led.activations) == (4e9, 4e9, 8e9 / 8, 5)
-    assert led.total == 8e9 + 1e9 + 5 and led.host == 0
+    # and DDP's bucket copy of the gradients, unless gradient_as_bucket_view=True
+    assert led.buffers == led.grads and led.total == 8e9 + 1e9 + 4e9 + 5 and led.host == 0
+    assert memory.zero_redundancy_ledger(10**9, 8, bucket_view=True).buffers == 0
     assert memory.zero_redundancy_bytes("adam") == (4, 4, 8) == memory.zero_redundancy_bytes("adamw")
     assert memory.zero_redundancy_bytes("sgd_momentum") == (4, 4, 4)
     assert memory.zero_redundancy_bytes("sgd") == (4, 4, 0)
@@ -93,9 +103,10 @@ def test_zero_redundancy_optimizer_as_pytorch_runs_it():
     # fp32: the paper's "ZeRO-1" row, which 4.2.7 (I) measures to the byte; mixed: 4P - 4P/N more
     # than the paper's 2 + 2 + 12/N, since PyTorch has no bf16 copy and no fp32 master copy
     for p, n in ((16_640, 2), (10**9, 8), (7, 3)):
-        assert memory.zero_redundancy_ledger(p, n) == memory.vram_ledger(p, n, "ZeRO-1")
+        assert memory.zero_redundancy_ledger(p, n, bucket_view=True) == memory.vram_ledger(p, n, "ZeRO-1")
         paper = memory.vram_ledger(p, n, "ZeRO-1", precision="mixed")
-        assert memory.zero_redundancy_ledger(p, n).total - paper.total == pytest.approx(4 * p - 4 * p / n)
+        assert memory.zero_redundancy_ledger(p, n, bucket_view=True).total - paper.total == \
+            pytest.approx(4 * p - 4 * p / n)
     # one rank: nothing divided, DDP's fp32 state
     assert memory.zero_redundancy_ledger(1000, 1) == memory.vram_ledger(1000, 1, "DDP")
     # the paper's ZeRO-1 row is unchanged (section 4.1.7 teaches it)

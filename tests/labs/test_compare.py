@@ -91,10 +91,14 @@ def test_one_launch_measures_every_configuration():
     n = compare.model_numbers(TINY.model_kwargs)
     for r in rows.values():
         assert r.num_params == n.num_params and r.world_size == 4 and r.global_batch == 16
-        assert r.state == r.predicted.rest  # measured state bytes = the ledger
+        assert r.state == r.predicted.rest  # bytes allocated and held between steps = the ledger
         assert r.volume == r.predicted.volume  # measured bytes per step = costs
         assert r.peak >= r.state.state and r.peak_method == "memtracker"
         assert r.throughput == pytest.approx(16 / r.step_time)
+    # DDP's bucket copy of the gradients, measured where it is allocated (the census), is its
+    # own row: 4P, as many bytes as the gradients; FSDP has none between steps
+    assert rows["DDP"].state.buffers == rows["DDP"].state.grads == 4 * n.num_params
+    assert all(r.state.buffers == 0 for k, r in rows.items() if k != "DDP")
     peak = {compare.SHORT[k]: r.peak for k, r in rows.items()}
     assert peak["FULL_SHARD"] < peak["SHARD_GRAD_OP"] < peak["NO_SHARD"]
     assert peak["FULL_SHARD"] < peak["HYBRID_SHARD (2)"] < peak["NO_SHARD"]

@@ -47,6 +47,11 @@ def test_the_twins_return_the_library_results():
     ref = memory.vram_ledger(p.num_params, 8, "FULL_SHARD", precision="mixed", phase="step",
                              largest_unit_params=p.largest_unit, root_unit_params=p.root_unit)
     assert led["total"] == ref.total and led["fits"] == [True] * 4
+    # DDP: the bucket copy of the gradients is its own row (bf16 gradients: 2 B each)
+    ddp = calculator.model.ledger({"preset": "llama-7b", "strategy": "DDP", "precision": "mixed"})
+    assert ddp["buffers"] == 2 * p.num_params and ddp["total"] == ddp["state"] + ddp["buffers"]
+    view = calculator.model.ledger({"preset": "llama-7b", "strategy": "DDP", "bucket_view": True})
+    assert view["buffers"] == 0 and view["total"] == view["state"] == 16 * p.num_params
     rec = calculator.model.recommend({"preset": "llama-7b", "gpu": "H100 80GB", "nodes": 4,
                                       "activation_gb": 20})
     assert rec["choice"] == "HYBRID_SHARD" and "HSDP" in rec["reason"]
@@ -55,6 +60,12 @@ def test_the_twins_return_the_library_results():
     one = calculator.model.recommend({"preset": "llama-7b", "gpu": "H100 80GB", "activation_gb": 20})
     assert one["choice"] == "SHARD_GRAD_OP" and not one["options"]["ZeRO-1"]["fits"]
     assert one["options"]["ZeRO-1"]["memory_bytes"] == 9 * p.num_params + 20e9  # 8P + 8P/8 + A
+    # the job's default is gradient_as_bucket_view=True; PyTorch's default adds the 4P copy
+    copy = calculator.model.recommend({"preset": "llama-7b", "gpu": "H100 80GB", "activation_gb": 20,
+                                       "bucket_view": False})
+    assert copy["options"]["ZeRO-1"]["memory_bytes"] == 13 * p.num_params + 20e9
+    assert copy["options"]["DDP"]["memory_bytes"] - one["options"]["DDP"]["memory_bytes"] == \
+        decision.bucket_copy_bytes(decision.Job(p.num_params, memory.card("H100 80GB")))
     big = calculator.model.recommend({"preset": "llama-70b", "gpu": "H100 80GB", "activation_gb": 20})
     assert big["choice"] == "FULL_SHARD" and big["offload"] and big["label"].endswith("CPU offload")
     assert calculator.model.step_bytes({"param_bytes": 8, "strategy": "DDP", "nodes": 1,
@@ -90,7 +101,8 @@ def _ledger_case(rng):
     strategy = rng.choice(memory.STRATEGIES)
     shard = rng.choice([d for d in range(1, n + 1) if n % d == 0])
     offload = {"offload": rng.random() < 0.5} if strategy in memory.OFFLOAD_STRATEGIES else {}
-    return {**_model(rng), "world_size": n, "strategy": strategy, "shard_size": shard,
+    view = {"bucket_view": rng.random() < 0.5} if rng.random() < 0.6 else {}
+    return {**_model(rng), **view, "world_size": n, "strategy": strategy, "shard_size": shard,
             "precision": rng.choice(memory.PRECISIONS), "optimizer": rng.choice(memory.OPTIMIZERS),
             "phase": rng.choice(memory.PHASES),
             "activation_bytes": rng.choice([0.0, rng.uniform(0, 1e11)]), **offload}
@@ -119,7 +131,8 @@ def _recommend_case(rng):
             "activation_gb": rng.choice([0, rng.uniform(0, 80)]),
             "headroom": rng.choice([0, 0.1, rng.uniform(0, 0.5)]),
             "allow_checkpointing": rng.random() < 0.8, "allow_offload": rng.random() < 0.8,
-            "host_gb": rng.choice([2000.0, rng.uniform(0, 4000), 0])}
+            "host_gb": rng.choice([2000.0, rng.uniform(0, 4000), 0]),
+            **({"bucket_view": rng.random() < 0.5} if rng.random() < 0.6 else {})}
 
 
 GOOD = {"ledger": _ledger_case, "stepBytes": _bytes_case, "stepTime": _time_case,
@@ -133,7 +146,8 @@ BAD = {  # inputs the Python refuses, each with its own message
                {"num_params": 10, "activation_bytes": -1}, {"num_params": 10, "precision": "fp8"},
                {"num_params": 10, "optimizer": "lion"}, {"preset": "gpt-5"},
                {"num_params": 10, "strategy": "ZeRO-1", "offload": True},
-               {"num_params": 10, "strategy": "FULL_SHARD", "offload": 1}],
+               {"num_params": 10, "strategy": "FULL_SHARD", "offload": 1},
+               {"num_params": 10, "bucket_view": "có"}],
     "stepBytes": [{"param_bytes": 4, "strategy": "DDP", "nodes": 0, "gpus_per_node": 8},
                   {"param_bytes": 4, "strategy": "DDP", "nodes": 1, "gpus_per_node": 1.5},
                   {"param_bytes": 4, "strategy": "ZeRO-1", "nodes": 1, "gpus_per_node": 8},
@@ -154,6 +168,7 @@ BAD = {  # inputs the Python refuses, each with its own message
                   {"num_params": 10, "gpu": "H200", "precision": "int8"},
                   {"num_params": 10, "gpu": "H200", "allow_checkpointing": 1},
                   {"num_params": 10, "gpu": "H200", "allow_offload": "có"},
+                  {"num_params": 10, "gpu": "H200", "bucket_view": 0},
                   {"num_params": 10, "gpu": "H200", "host_gb": -1}],
 }
 

@@ -74,10 +74,13 @@ def test_drawn_heights_are_proportional_to_the_ledger():
 def test_llama_7b_mixed_adam_fit_verdicts():
     by_n = {f.world_size: {b.label: b for b in f.bars} for f in ledger.ledger_frames("llama-7b")}
     ddp = by_n[8]["DDP"]
-    assert ddp.ledger.total == 16 * LLAMA_7B  # 2 + 2 + 12 bytes per parameter
-    assert round(ddp.ledger.total / GB, 1) == 107.8
+    # 2 + 2 + 12 bytes per parameter of state, and DDP's bucket copy of the bf16 gradients (2)
+    assert ddp.ledger.state == 16 * LLAMA_7B and ddp.ledger.buffers == ddp.ledger.grads
+    assert ddp.ledger.total == 18 * LLAMA_7B and round(ddp.ledger.total / GB, 1) == 121.3
     assert [c.name for c in memory.CARDS] == ["RTX 4090", "A100 40GB", "H100 80GB", "H200"]
     assert ddp.fits == (False, False, False, True)  # RTX 4090, A100 40GB, H100 80GB no; H200 yes
+    view = ledger.ledger_frames("llama-7b", world_sizes=(8,), bucket_view=True)[0].bars[0]
+    assert view.ledger.buffers == 0 and view.ledger.total == 16 * LLAMA_7B
     full = by_n[8]["FULL_SHARD"]
     # phase="step" (the default): 16 P / N, plus the gathered bf16 layer being computed and the
     # root unit (embedding, norm, head), unsharded for the whole step
@@ -85,14 +88,14 @@ def test_llama_7b_mixed_adam_fit_verdicts():
     assert full.ledger.state == 16 * LLAMA_7B / 8 + 2 * (pre.largest_unit + pre.root_unit) * 7 / 8
     assert all(full.fits)  # 14.3 GB per rank, even on 24 GB
     assert by_n[2]["FULL_SHARD"].fits == (False, False, True, True)
-    assert ledger.verdict(ddp) == "DDP cần 108 GB/rank, chỉ vừa H200"
+    assert ledger.verdict(ddp) == "DDP cần 121 GB/rank, chỉ vừa H200"
     assert ledger.verdict(full) == "FULL_SHARD cần 14,3 GB/rank, vừa mọi GPU"
     assert ledger.verdict(by_n[4]["ZeRO-1"]) == "ZeRO-1 cần 47,2 GB/rank, vừa từ H100 80GB trở lên"
     # ZeRO-2 on 8 GPUs: 25,3 GB, just above the 25,1 GB PyTorch can allocate on an RTX 4090
     assert by_n[8]["ZeRO-2"].fits == (False, True, True, True)
     big = ledger.ledger_frames("llama-70b", world_sizes=(8,))[0].bars[0]
     assert ledger.verdict(big).endswith("không vừa GPU nào")
-    assert "DDP cần 108 GB/rank, chỉ vừa H200" in ledger.ledger_frames("llama-7b")[3].caption
+    assert "DDP cần 121 GB/rank, chỉ vừa H200" in ledger.ledger_frames("llama-7b")[3].caption
 
 
 def test_fits_compares_with_what_pytorch_can_allocate_on_each_card():
@@ -144,7 +147,8 @@ def test_svg_is_valid_and_vietnamese():
     # a 70B model on 2 GPUs: bars broken at the top of the axis, totals written above them
     frames = ledger.ledger_frames("llama-70b")
     texts = _texts(render.render(frames[1], render.axis_top(frames)))
-    assert "↑ 1104 GB" in texts and "✗ không" in texts and "H200" in texts
+    assert "↑ 1242 GB" in texts and "✗ không" in texts and "H200" in texts
+    assert "bộ đệm bucket của DDP" in texts  # its own row: DDP's copy of the gradients
     # each card's line: its name above, what PyTorch can allocate there (GB) below
     assert "H100 80GB" in texts and "84,7 GB" in texts and "25,1 GB" in texts
 
@@ -177,4 +181,6 @@ def test_measured_state_equals_the_ledger():
     frame = ledger.measured_frame(results)
     assert [b.label for b in frame.bars] == ["dự đoán", "đo được"] * 2
     texts = _texts(render.render(frame))
-    assert "44,6 KB" in texts and "22,3 KB" in texts and "SHARD_GRAD_OP" in texts
+    # DDP: 16P of state and 4P of buckets, measured and predicted (P = 2788)
+    assert "55,8 KB" in texts and "22,3 KB" in texts and "SHARD_GRAD_OP" in texts
+    assert "bộ đệm bucket của DDP" in texts

@@ -267,7 +267,8 @@ class Row:
     world_size: int
     global_batch: int
     num_params: int
-    state: Ledger  # measured on rank 0, right after optimizer.step()
+    state: Ledger  # measured on rank 0 (allocations), right after optimizer.step(); DDP's
+    # bucket copy of the gradients in ``buffers``
     peak: int  # largest peak over ranks
     peak_method: str  # "cuda" or "memtracker"
     peak_breakdown: dict  # rank 0's peak by kind (MemTracker only)
@@ -333,17 +334,19 @@ def peak_parts(row: Row) -> dict[str, int]:
 
 
 def table(rows: list[Row]) -> str:
-    """Memory and speed, one line per row: ledger state, measured state, peak (MB), step time
-    (ms) and throughput (samples/s)."""
-    head = (f"{'N':>2}  {'cách chạy':<18}{'sổ kế toán':>11}{'trạng thái đo':>14}"
+    """Memory and speed, one line per row: what a rank holds between steps by the ledger and as
+    measured (state and DDP's bucket copy, ``Ledger.total``), peak (MB), step time (ms) and
+    throughput (samples/s)."""
+    head = (f"{'N':>2}  {'cách chạy':<18}{'sổ kế toán':>11}{'đo lúc nghỉ':>14}"
             f"{'đỉnh đo':>9}{'bước (ms)':>10}{'mẫu/s':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r.world_size:>2}  {r.short:<18}"
-                     f"{vi.number(r.predicted.rest.state / MB, 3):>11}"
-                     f"{vi.number(r.state.state / MB, 3):>14}{vi.number(r.peak / MB, 3):>9}"
+                     f"{vi.number(r.predicted.rest.total / MB, 3):>11}"
+                     f"{vi.number(r.state.total / MB, 3):>14}{vi.number(r.peak / MB, 3):>9}"
                      f"{vi.number(1e3 * r.step_time, 2):>10}{vi.grouped(r.throughput):>9}")
-    lines.append("(bộ nhớ tính bằng MB = 10^6 byte, mỗi rank)")
+    lines.append("(bộ nhớ tính bằng MB = 10^6 byte, mỗi rank; lúc nghỉ: trạng thái cộng bộ đệm "
+                 "bucket của DDP)")
     return "\n".join(lines)
 
 

@@ -148,21 +148,21 @@
            " và " + repr(root) + ".");
     }
     nonNegative("activation_bytes", act);
-    var offload = pick(a, "offload", false);
+    var offload = pick(a, "offload", false), view = pick(a, "bucket_view", false);
     if (typeof offload !== "boolean") { fail("offload phải là True hoặc False, nhận được " + repr(offload) + "."); }
     if (offload && M.offload_strategies.indexOf(strategy) < 0) {
       fail("offload=True chỉ dùng được với các chiến lược FSDP " + tuple(M.offload_strategies) +
            " (CPUOffloadPolicy); PyTorch không có CPU offload cho " + strategy + ", nhận được strategy=" +
            repr(strategy) + ".");
     }
+    if (typeof view !== "boolean") { fail("bucket_view phải là True hoặc False, nhận được " + repr(view) + "."); }
     var b = bytesPerParam(pick(a, "precision", "fp32"), pick(a, "optimizer", "adam"));
     var n = strategy === "HYBRID_SHARD" ? S : N, sh = M.sharded[strategy];
     if (offload) {
       var onGpu = phase === "rest" ? 0 : (strategy === "SHARD_GRAD_OP" ? P * b[0] : (unit + root) * b[0]);
-      var off = {params: onGpu, grads: 0, optimizer: 0, activations: act, host: P * (b[0] + b[1] + b[2]) / n};
-      off.state = off.params + off.grads + off.optimizer;
-      off.total = off.state + off.activations;
-      return off;
+      var off = {params: onGpu, grads: 0, optimizer: 0, activations: act, host: P * (b[0] + b[1] + b[2]) / n,
+                 buffers: 0};
+      return totals(off);
     }
     var params = P * b[0] / (sh[0] ? n : 1);
     if (phase === "step" && strategy === "SHARD_GRAD_OP") {
@@ -170,19 +170,22 @@
     } else if (phase === "step" && ["FULL_SHARD", "ZeRO-3", "HYBRID_SHARD"].indexOf(strategy) >= 0) {
       params += (unit + root) * b[0] * (n - 1) / n;
     }
+    // DDP's bucket copy of the gradients (memory.Ledger.buffers), none with bucket_view
     var led = {params: params, grads: P * b[1] / (sh[1] ? n : 1),
-               optimizer: P * b[2] / (sh[2] ? n : 1), activations: act, host: 0};
+               optimizer: P * b[2] / (sh[2] ? n : 1), activations: act, host: 0,
+               buffers: strategy === "DDP" && !view ? P * b[1] : 0};
+    return totals(led);
+  }
+  function totals(led) {  // memory.Ledger.state and .total
     led.state = led.params + led.grads + led.optimizer;
-    led.total = led.state + led.activations;
+    led.total = led.state + led.buffers + led.activations;
     return led;
   }
-  function zeroRedundancyLedger(P, N, optimizer, act) {  // memory.zero_redundancy_ledger
+  function zeroRedundancyLedger(P, N, optimizer, act) {  // memory.zero_redundancy_ledger, bucket_view=True
     oneOf("optimizer", optimizer, M.optimizers);
     var b = M.zero_redundancy_bytes[optimizer];
-    var led = {params: P * b[0], grads: P * b[1], optimizer: P * b[2] / N, activations: act, host: 0};
-    led.state = led.params + led.grads + led.optimizer;
-    led.total = led.state + led.activations;
-    return led;
+    return totals({params: P * b[0], grads: P * b[1], optimizer: P * b[2] / N, activations: act, host: 0,
+                   buffers: 0});
   }
   function ledger(inputs) {
     return guard(function () {
@@ -301,7 +304,8 @@
                largest_unit_params: pick(a, "largest_unit_params", 0), headroom: pick(a, "headroom", 0.1),
                root_unit_params: pick(a, "root_unit_params", 0),
                allow_checkpointing: pick(a, "allow_checkpointing", true),
-               allow_offload: pick(a, "allow_offload", true), host_gb: pick(a, "host_gb", 2000)};
+               allow_offload: pick(a, "allow_offload", true), host_gb: pick(a, "host_gb", 2000),
+               bucket_view: pick(a, "bucket_view", true)};
     intAtLeast("num_params", job.num_params);
     intAtLeast("gpus_per_node", job.gpus_per_node);
     intAtLeast("nodes", job.nodes);
@@ -319,7 +323,7 @@
     if (typeof job.headroom !== "number" || !(0 <= job.headroom && job.headroom < 1)) {
       fail("headroom là phần VRAM để trống, phải nằm trong [0, 1), nhận được " + repr(job.headroom) + ".");
     }
-    ["allow_checkpointing", "allow_offload"].forEach(function (name) {
+    ["allow_checkpointing", "allow_offload", "bucket_view"].forEach(function (name) {
       if (typeof job[name] !== "boolean") { fail(name + " phải là True hoặc False, nhận được " + repr(job[name]) + "."); }
     });
     nonNegative("host_gb", job.host_gb);
@@ -370,8 +374,12 @@
                   precision: job.precision, optimizer: job.optimizer, phase: "step",
                   largest_unit_params: job.largest_unit_params,
                   root_unit_params: job.root_unit_params,
-                  activation_bytes: activationBytes(job, ckpt), offload: off,
+                  activation_bytes: activationBytes(job, ckpt), offload: off, bucket_view: true,
                   shard_size: strategy === "HYBRID_SHARD" ? job.gpus_per_node : null});
+    if ((strategy === "DDP" || strategy === "ZeRO-1") && !job.bucket_view) {  // the fp32 bucket copy
+      led.buffers = D.bucket_copy_bytes * job.num_params;
+      totals(led);
+    }
     var v = stepVolume(job, strategy), host = led.host * job.gpus_per_node;
     return {strategy: strategy, memory_bytes: led.total, sent_bytes: v.total,
             internode_bytes: internodeBytes(v, strategy, job.nodes, job.gpus_per_node),

@@ -43,6 +43,7 @@ def data() -> dict:
                      "offloadable": list(decision.OFFLOADABLE),
                      "offload_copy_bytes": decision.OFFLOAD_COPY_BYTES,
                      "zero_broadcast_bytes": decision.ZERO_BROADCAST_BYTES,
+                     "bucket_copy_bytes": decision.DDP_BUCKET_COPY_BYTES,
                      "labels": dict(decision.LABELS), "nothing_fits": decision.NOTHING_FITS},
     }
 

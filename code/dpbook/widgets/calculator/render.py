@@ -33,6 +33,9 @@ FIELDS = {
         ("phase", "Thời điểm", (("step", "trong bước (step)"), ("rest", "lúc nghỉ (rest)")),
          "step"),
         ("activation_gb", "Activation mỗi GPU (GB)", "float", 0.0),
+        ("bucket_view", "DDP: gradient_as_bucket_view",
+         (("0", "False (mặc định): bucket chép gradient"), ("1", "True: gradient nằm trong bucket")),
+         "0"),
     ),
     "traffic": (
         _PRESET,
@@ -67,6 +70,8 @@ FIELDS = {
          "1"),
         ("allow_offload", "Cho phép CPU offload", (("1", "có"), ("0", "không")), "1"),
         ("host_gb", "Bộ nhớ CPU mỗi node (GB)", "float", 2000.0),
+        ("bucket_view", "DDP: gradient_as_bucket_view",
+         (("1", "True: gradient nằm trong bucket"), ("0", "False: bucket chép gradient")), "1"),
     ),
 }
 # What a numeric field takes, in the reader's units: (smallest, largest, smallest excluded,

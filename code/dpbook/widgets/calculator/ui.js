@@ -5,9 +5,11 @@
   var C = window.dpbookCalc;
   if (C.mount) { return; }
   var vi = C.vi, GB = 1e9, NARROW = "\u202f", SVGNS = "http://www.w3.org/2000/svg";
-  var COLOURS = {params: "#0072B2", grads: "#E69F00", optimizer: "#009E73", activations: "#CC79A7"};
+  var COLOURS = {params: "#0072B2", grads: "#E69F00", optimizer: "#009E73", buffers: "#56B4E9",
+                 activations: "#CC79A7"};
+  // bottom to top, as memory.Ledger.total adds them: the state, DDP's bucket copy, activations
   var KINDS = [["params", "tham số"], ["grads", "gradient"], ["optimizer", "trạng thái bộ tối ưu"],
-               ["activations", "activation"]];
+               ["buffers", "bộ đệm bucket của DDP"], ["activations", "activation"]];
   var PRESET_FIELDS = {num_params: "num_params", largest_unit_params: "largest_unit",
                        root_unit_params: "root_unit"};
   // The library's arguments, each with the field a reader types it in, often in other units (GB
@@ -124,7 +126,8 @@
   function ledgerOut(v, out, panel) {
     var base = merge(model(v), {world_size: v.world_size, precision: v.precision, optimizer: v.optimizer,
                                 phase: v.phase, shard_size: v.shard_size,
-                                activation_bytes: v.activation_gb * GB});
+                                activation_bytes: v.activation_gb * GB,
+                                bucket_view: v.bucket_view === "1"});
     var asked = merge(base, {strategy: v.strategy}), chosen = C.ledger(asked);
     if (chosen.error) { return speak(chosen.error, asked, panel); }
     var bars = C.data.memory.strategies.map(function (s) { return [s, C.ledger(merge(base, {strategy: s}))]; });
@@ -180,6 +183,7 @@
     var fits = cards.map(function (c, i) { return esc(c.name) + (chosen.fits[i] ? " ✓" : " ✗"); }).join(", ");
     out.innerHTML = "<p><b>" + esc(v.strategy) + ", N = " + v.world_size + "</b>: tham số " + gb(chosen.params) +
       " + gradient " + gb(chosen.grads) + " + trạng thái bộ tối ưu " + gb(chosen.optimizer) +
+      (v.strategy === "DDP" ? " + bộ đệm bucket của DDP " + gb(chosen.buffers) : "") +
       " + activation " + gb(chosen.activations) + " = <b>" + gb(chosen.total) +
       " GB</b> mỗi GPU (GB = 10⁹ byte). Vừa card (phần PyTorch cấp phát được): " + fits + ".</p>";
     out.insertBefore(svg, out.firstChild);
@@ -227,7 +231,8 @@
                                  precision: v.precision, optimizer: v.optimizer,
                                  activation_gb: v.activation_gb, headroom: v.headroom_pct / 100,
                                  allow_checkpointing: v.allow_checkpointing === "1",
-                                 allow_offload: v.allow_offload === "1", host_gb: v.host_gb});
+                                 allow_offload: v.allow_offload === "1", host_gb: v.host_gb,
+                                 bucket_view: v.bucket_view === "1"});
     var rec = C.recommend(asked);
     if (rec.error) { return speak(rec.error, asked, panel); }
     var rows = rec.ladder.map(function (o) {

@@ -54,6 +54,7 @@ def controls(preset: str = "llama-7b"):
         shard_size=dd(options=(1, 2, 4, 8), value=8, description="shard_size (HYBRID)"),
         activation_gb=w.BoundedFloatText(0.0, min=0.0, max=10_000.0, step=1.0,
                                          description="Activation (GB)"),
+        bucket_view=w.Checkbox(False, description="DDP: gradient_as_bucket_view=True"),
         strategies=w.SelectMultiple(options=STRATEGIES, value=DEFAULT_STRATEGIES, rows=4,
                                     description="Chiến lược"),
         presentation=w.Checkbox(False, description="Trình chiếu"),

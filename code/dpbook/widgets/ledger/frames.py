@@ -2,7 +2,8 @@
 
 Model (pure data, ``ledger_frames``): for a model preset, a precision and an optimizer, one
 ``LedgerFrame`` per world size, each with one ``Bar`` per strategy. Every number in a bar is
-``dpbook.memory.vram_ledger``'s, never recomputed here; this module only adds the parameter
+``dpbook.memory.vram_ledger``'s, never recomputed here (DDP's bar carries its bucket copy of
+the gradients, ``Ledger.buffers``, unless ``bucket_view=True``); this module only adds the parameter
 counts of the presets (``dpbook.shapes``, computed from the architecture, not typed in) and
 the verdict "does it fit on this card".
 
@@ -86,7 +87,8 @@ def _grouped(bars, cards) -> str:
 def ledger_frames(preset: str = "llama-7b", *, world_sizes=WORLD_SIZES,
                   strategies=DEFAULT_STRATEGIES, precision: str = "mixed",
                   optimizer: str = "adam", phase: str = "step", shard_size: int = 8,
-                  activation_bytes: float = 0.0, cards=CARDS) -> list[LedgerFrame]:
+                  activation_bytes: float = 0.0, cards=CARDS,
+                  bucket_view: bool = False) -> list[LedgerFrame]:
     """One frame per world size: as N grows, sharded strategies' bars shrink, DDP's do not.
 
     HYBRID_SHARD shards inside groups of ``shard_size`` ranks (GPUs per node); when the whole
@@ -97,7 +99,7 @@ def ledger_frames(preset: str = "llama-7b", *, world_sizes=WORLD_SIZES,
     p = presets()[preset]
     kw = dict(precision=precision, optimizer=optimizer, phase=phase,
               largest_unit_params=p.largest_unit, root_unit_params=p.root_unit,
-              activation_bytes=float(activation_bytes))
+              activation_bytes=float(activation_bytes), bucket_view=bucket_view)
     frames = []
     for n in world_sizes:
         bars = tuple(_bar(p.num_params, n, s, shard_size, tuple(cards), kw) for s in strategies)
@@ -153,7 +155,8 @@ def measured_parallel(strategy: str):
 def compare(results: dict, world_size: int = 2) -> list[tuple[str, Ledger, Ledger]]:
     """``(strategy, predicted, measured)`` for each ``results[strategy]`` (rank 0's dict from
     ``measure_step``). ``measure_step`` reads the state right after ``optimizer.step()``, in
-    fp32 with Adam: that is the ledger's ``phase="rest"``."""
+    fp32 with Adam, from the storages the rank allocated (DDP's buckets included): that is the
+    ledger's ``phase="rest"``."""
     rows = []
     for strategy, r in results.items():
         one_of("strategy", strategy, MEASURED)
@@ -173,7 +176,7 @@ def measured_frame(results: dict, world_size: int = 2) -> LedgerFrame:
     first = next(iter(results.values()))
     n, backend = first["num_params"], first.get("backend", "gloo")
     caption = (f"MLP nhỏ ({n} tham số), {world_size} process {backend}, fp32, Adam, sau "
-               "optimizer.step(): mỗi cặp cột là công thức (trái) và số byte đo trên rank 0 "
-               "(phải).")
+               "optimizer.step(): mỗi cặp cột là công thức (trái) và số byte rank 0 đã cấp phát "
+               "và còn giữ, đo bằng cách điểm các vùng nhớ (phải).")
     return LedgerFrame(f"Đo được so với dự đoán: N = {world_size}, fp32, Adam", world_size,
                        tuple(bars), (), caption)

@@ -1,5 +1,5 @@
 """A VRAM-ledger frame as SVG: stacked bars per GPU (parameters, gradients, optimizer state,
-activations) against what PyTorch can allocate on each card (``memory.Card.usable_bytes``, in
+DDP's bucket copy of the gradients, activations) against what PyTorch can allocate on each card (``memory.Card.usable_bytes``, in
 GB of 10⁹ B like the bars), and the table of which card each fits.
 """
 
@@ -12,7 +12,8 @@ from .frames import Bar, LedgerFrame
 
 # The kinds of bytes, bottom to top in a bar: (Ledger field, legend label, palette colour).
 KINDS = (("params", "tham số", "blue"), ("grads", "gradient", "orange"),
-         ("optimizer", "trạng thái bộ tối ưu", "green"), ("activations", "activation", "purple"))
+         ("optimizer", "trạng thái bộ tối ưu", "green"),
+         ("buffers", "bộ đệm bucket của DDP", "sky"), ("activations", "activation", "purple"))
 W, PLOT_X0, PLOT_X1, PLOT_Y0, PLOT_Y1 = 1000, 115, 900, 100, 410
 
 
@@ -41,7 +42,8 @@ def render(frame: LedgerFrame, top: float | None = None) -> str:
     table_y = PLOT_Y1 + labels + 26
     svg = Svg(W, table_y + 30 * len(frame.cards) + 6, frame.title)
     svg.text(W / 2, 24, frame.title, cls="t-big", weight="bold")
-    _legend(svg, any(b.ledger.activations for b in frame.bars))
+    _legend(svg, {k for k in ("buffers", "activations")
+                  if any(getattr(b.ledger, k) for b in frame.bars)})
     _axis(svg, top)
     for i, bar in enumerate(frame.bars):
         _draw_bar(svg, bar, PLOT_X0 + slot * (i + 0.5), min(0.6 * slot, 90), top)
@@ -55,8 +57,9 @@ def _y(value: float, top: float) -> float:
     return PLOT_Y1 - (PLOT_Y1 - PLOT_Y0) * min(value, top) / top
 
 
-def _legend(svg: Svg, activations: bool) -> None:
-    kinds = KINDS if activations else KINDS[:3]
+def _legend(svg: Svg, shown: set[str]) -> None:
+    """The state's three kinds always; the bucket copy and activations when a bar has them."""
+    kinds = [k for k in KINDS if k[0] in ("params", "grads", "optimizer") or k[0] in shown]
     widths = [60 + 8 * len(label) for _, label, _ in kinds]  # swatch, text, gap
     x = (W - sum(widths)) / 2
     for (_, label, colour), w in zip(kinds, widths):
