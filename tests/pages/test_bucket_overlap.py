@@ -64,14 +64,27 @@ def test_cap_sweep_ends_are_the_naive_strategies():
     assert [t for _, _, t in sweep] == [cmp.per_param, cmp.buckets, cmp.no_overlap]
 
 
-def test_figures_draw():
+def test_figure_draws():
     import matplotlib.pyplot as plt
 
     params, order = ddp_buckets.demo_params()
-    fig1 = bucket_overlap.allreduce_cost_figure()
-    fig2 = bucket_overlap.cap_sweep_figure(params, order, [1e-3, 0.1, 1.0])
-    assert fig1.axes[0].get_xlabel() and fig2.axes[0].get_xlabel() == "bucket_cap_mb (MiB)"
+    fig = bucket_overlap.cap_sweep_figure(params, order, [1e-3, 0.1, 1.0])
+    assert fig.axes[0].get_xlabel() == "bucket_cap_mb (MiB)"
     plt.close("all")
+
+
+def test_nguocs_first_buckets_fill_last_first_so_nothing_overlaps():
+    """Exercise 4 (audit X4): with ``find_unused_parameters=True`` the declaration-order layout
+    puts ``inp.weight``, the last gradient of the backward, in B1, and ``inp.bias`` alone in B0;
+    B2 (``head.weight``) is ready first but waits for both, launched in index order."""
+    model = bucket_overlap.Nguoc()
+    params = buckets.model_params(model)
+    real = list(buckets.ready_order(model, torch.randn(4, 32)))
+    first = buckets.initial_buckets(params, buckets.DdpSetting(0.02, find_unused_parameters=True))
+    ready_at = [max(real.index(i) for i in b.params) for b in first]
+    assert [params[i].name for i in real] == ["head.bias", "head.weight", "body.bias",
+                                              "body.weight", "inp.bias", "inp.weight"]
+    assert ready_at == [len(real) - 2, len(real) - 1, 1]
 
 
 def test_micro_batches_partition_the_global_batch():

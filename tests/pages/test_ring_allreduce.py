@@ -94,6 +94,18 @@ def test_every_position_moves_2n_minus_2_times_ring_and_naive_alike(n):
     assert naive.bytes_received(0) == (n - 1) * s >= bound
 
 
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_each_ring_phase_sends_what_its_own_collective_would(n):
+    """4.1.5: the ring's reduce-scatter phase and all-gather phase each send (N-1)/N of the
+    buffer per rank (the simulator's events against ``costs.ring_bytes``)."""
+    size = 4 * 6 * n
+    sim = collectives.all_reduce([torch.ones(6 * n) for _ in range(n)])
+    for rank in range(n):
+        for phase, coll in (("reduce-scatter", "reduce_scatter"), ("all-gather", "all_gather")):
+            sent = sum(e.nbytes for e in sim.events if e.phase == phase and e.src == rank)
+            assert sent == costs.ring_bytes(coll, size, n)
+
+
 @pytest.mark.distributed
 def test_time_all_reduce_on_two_ranks():
     sizes = (1000, 100_000)

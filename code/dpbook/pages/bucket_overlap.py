@@ -1,5 +1,5 @@
-"""Section 4.1.4 (buckets and overlap): the page's two figures, drawn from ``dpbook.overlap``
-(the cost of one AllReduce against its size, the step time against the bucket cap), a GPT-2
+"""Section 4.1.4 (buckets and overlap): the page's figure, drawn from ``dpbook.overlap`` (the
+step time against the bucket cap; the cost of one AllReduce against its size is 4.1.5's), a GPT-2
 124M with HF's module names (on the meta device, for its bucket layout), the small models on
 which the page checks DDP's first-iteration buckets against a real run (``PROBES``: exercise
 4's ``Nguoc``, a tied embedding, a frozen block), the page's gradient-accumulation run, and the
@@ -19,7 +19,6 @@ from torch import nn
 from ..accumulation import accumulate_worker, reference_gradient
 from ..buckets import (Bucket, DdpSetting, Param, cap_limits, model_params, ready_order,
                        rebuilt_buckets, step_buckets)
-from ..costs import alpha_beta_time
 from ..launch import describe_mode, spawn
 from ..models import BUCKET_NET_D_IN, build_bucket_net, seeded
 from ..overlap import (DEFAULT_ALPHA, DEFAULT_BANDWIDTH, DEFAULT_WORLD_SIZE, cap_sweep,
@@ -177,38 +176,6 @@ def accumulation_run(world_size: int, accumulation_steps: int,
     default = rebuilt_buckets(model_params(model), DdpSetting(), ready_order(model, example))
     return AccumulationRun(describe_mode(world_size), ranks,
                            reference_gradient(world_size, accumulation_steps, micro_batch), default)
-
-
-def allreduce_cost_figure(world_size: int = DEFAULT_WORLD_SIZE, alpha: float = DEFAULT_ALPHA,
-                          bandwidth: float = DEFAULT_BANDWIDTH):
-    """One ring AllReduce's alpha-beta time against its size, split into latency and transfer,
-    with ``half_size`` marked."""
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    n_half = half_size(world_size, alpha, bandwidth)
-    fig, ax = plt.subplots(figsize=(7.5, 4.4))
-    sizes = np.geomspace(1, 1e8, 200)
-    lat = 2 * (world_size - 1) * alpha
-    total = [alpha_beta_time("all_reduce", n, world_size, alpha, bandwidth) for n in sizes]
-    ax.loglog(sizes, [t * 1e3 for t in total], color=PALETTE["black"], lw=2.5,
-              label="tổng thời gian")
-    ax.loglog(sizes, [lat * 1e3] * len(sizes), color=PALETTE["sky"], lw=2, ls="--",
-              label=f"độ trễ 2(N−1)α = {vi.general(lat * 1e6)} µs")
-    ax.loglog(sizes, [(t - lat) * 1e3 for t in total], color=PALETTE["orange"], lw=2, ls="--",
-              label="truyền byte 2(N−1)/N · n/β")
-    ax.axvline(n_half, color=PALETTE["vermillion"], lw=1.5)
-    ax.text(n_half * 1.4, lat * 1e3 / 30, f"n½ = Nαβ = {vi.general(n_half / 1e3)} kB",
-            color=PALETTE["vermillion"], fontsize=11)
-    ax.set_ylim(lat * 1e3 / 1e3, None)
-    ax.set_xlabel("kích thước thông điệp n (byte)")
-    ax.set_ylabel("thời gian một AllReduce (ms)")
-    ax.set_title(f"Mô hình alpha-beta (α = {vi.general(alpha * 1e6)} µs, "
-                 f"β = {vi.general(bandwidth / 1e9)} GB/s, "
-                 f"N = {world_size})", loc="left", fontsize=12)
-    ax.legend(fontsize=10, loc="upper left")
-    fig.tight_layout()
-    return fig
 
 
 def cap_sweep_figure(params: Sequence[Param], order: Sequence[int], caps_mb: Sequence[float],
