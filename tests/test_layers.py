@@ -28,7 +28,7 @@ LAYERS = {
     1: ("collectives", "costs", "memory", "buckets", "shapes", "averaging", "overlap",
         "decision"),  # formulas, and the decision rule of 4.1.8 built on them
     2: ("models", "data", "launch", "torchrun", "train", "measure", "bench", "tracing", "workers", "gil", "ranks",
-        "accumulation"),  # real processes, real models
+        "accumulation", "allocations"),  # real processes, real models
     3: ("widgets",),
     4: ("pages", "scripts", "labs"),
     5: ("tools", "doctor"),  # doctor: the `python -m dpbook.doctor` entry point of tools.doctor
