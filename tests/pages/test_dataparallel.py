@@ -126,9 +126,13 @@ def test_emulated_step_rejects_zero_replicas():
 
 def test_dp_memory_floor():
     resnet50 = 25_557_032
-    assert dataparallel.dp_memory_floor(resnet50) == {"gpu0": 16 * resnet50, "other": 8 * resnet50}
-    assert dataparallel.dp_memory_floor(10, "mixed") == {"gpu0": 160, "other": 40}
-    assert dataparallel.dp_memory_floor(10, optimizer="sgd") == {"gpu0": 80, "other": 80}
+    assert dataparallel.dp_memory_floor(resnet50) == {"gpu0": 16 * resnet50,
+                                                      "gpu0_reduce": 20 * resnet50,
+                                                      "other": 8 * resnet50}
+    assert dataparallel.dp_memory_floor(10, "mixed") == {"gpu0": 160, "gpu0_reduce": 180,
+                                                         "other": 40}
+    assert dataparallel.dp_memory_floor(10, optimizer="sgd") == {"gpu0": 80, "gpu0_reduce": 120,
+                                                                 "other": 80}
     with pytest.raises(ValueError):
         dataparallel.dp_memory_floor(0)
 
@@ -138,10 +142,12 @@ def test_dp_largest_model_fills_gpu0_of_the_card():
 
     h100 = memory.card("H100 80GB")
     p = dataparallel.dp_largest_model(h100)
-    assert p == dataparallel.dp_largest_model("H100 80GB") == h100.usable_bytes // 16
-    assert dataparallel.dp_memory_floor(p)["gpu0"] <= h100.usable_bytes
-    assert dataparallel.dp_memory_floor(p + 1)["gpu0"] > h100.usable_bytes
-    assert dataparallel.dp_largest_model(h100, "fp32", "sgd") == h100.usable_bytes // 8
+    assert p == dataparallel.dp_largest_model("H100 80GB") == h100.usable_bytes // 20
+    assert dataparallel.dp_memory_floor(p)["gpu0_reduce"] <= h100.usable_bytes
+    assert dataparallel.dp_memory_floor(p + 1)["gpu0_reduce"] > h100.usable_bytes
+    assert dataparallel.dp_largest_model(h100, "fp32", "sgd") == h100.usable_bytes // 12
+    # DDP holds the same 20P by default (its bucket copy of the gradients): the same limit
+    assert p == h100.usable_bytes // memory.vram_ledger(1, 1, "DDP").total
     with pytest.raises(ValueError, match="card"):
         dataparallel.dp_largest_model("H100")
 

@@ -8,8 +8,9 @@ measured against DDP on GPUs. (The GIL measurement of the same page is ``dpbook.
   shape: each replica's parameters are differentiable copies of the master's, as ``Broadcast``
   makes them, so backward sums the replicas' gradients into the master's parameters, as
   ``ReduceAddCoalesced`` does on GPU 0.
-* ``backward_of``, ``dp_memory_floor``: what PyTorch's source says DP's backward does, and the
-  training state DP leaves on GPU 0 against the other GPUs.
+* ``backward_of``, ``dp_memory_floor``, ``dp_largest_model``: what PyTorch's source says DP's
+  backward does, the training state DP leaves on GPU 0 (and its peak at the gradients' reduce)
+  against the other GPUs, and the largest model GPU 0 can train.
 * ``COMM_LINES``, ``comm_source_lines``: the lines of ``torch.nn.parallel`` that say how DP
   moves data (scatter and gather are copies; replicate is a coalesced Broadcast and the backward
   reduction ``comm.reduce_add``, NCCL's Broadcast and Reduce when NCCL is available), read from
@@ -196,25 +197,33 @@ def backward_of(names=("Scatter", "Broadcast", "Gather")) -> dict[str, str]:
 
 
 def dp_memory_floor(num_params: int, precision: str = "fp32", optimizer: str = "adam") -> dict:
-    """Training state bytes DP puts on each GPU at the end of backward, activations and outputs
-    aside: GPU 0 holds the master parameters, their gradients and the whole optimizer state;
-    every other GPU holds only its replica's parameters and the gradients it computed, until
+    """Training state bytes DP puts on each GPU, activations and outputs aside.
+
+    ``gpu0``: the master parameters, their gradients and the whole optimizer state.
+    ``gpu0_reduce``: GPU 0 at the end of backward, while ``ReduceAddCoalesced`` sums the
+    replicas' gradients: replica 0's own gradients are separate tensors (``broadcast_coalesced``
+    returns device 0's inputs as they are, torch/csrc/cuda/comm.cpp, so replica 0's gradients
+    are not the master's ``.grad``) and live until the summed gradients exist: one more set of
+    gradients. This is reasoned from the source; measuring it needs two GPUs.
+    ``other``: every other GPU, its replica's parameters and the gradients it computed, until
     they are reduced onto GPU 0."""
     int_at_least("num_params", num_params)
     p, g, o = bytes_per_param(precision, optimizer)
-    return {"gpu0": num_params * (p + g + o), "other": num_params * (p + g)}
+    return {"gpu0": num_params * (p + g + o), "gpu0_reduce": num_params * (p + 2 * g + o),
+            "other": num_params * (p + g)}
 
 
 def dp_largest_model(gpu: Card | str = "H100 80GB", precision: str = "fp32",
                      optimizer: str = "adam") -> int:
-    """The largest parameter count whose ``dp_memory_floor`` on GPU 0 fits in what PyTorch can
-    allocate on ``gpu`` (a ``memory.Card`` or the name of one of ``memory.CARDS``)."""
+    """The largest parameter count whose peak on GPU 0 (``dp_memory_floor``'s ``gpu0_reduce``)
+    fits in what PyTorch can allocate on ``gpu`` (a ``memory.Card`` or the name of one of
+    ``memory.CARDS``)."""
     gpu = card(gpu) if isinstance(gpu, str) else gpu
-    per_param = sum(bytes_per_param(precision, optimizer))
-    p = int(gpu.usable_bytes // per_param)
-    while p and not fits(dp_memory_floor(p, precision, optimizer)["gpu0"], gpu):
-        p -= 1
-    return p
+    p, g, o = bytes_per_param(precision, optimizer)
+    n = int(gpu.usable_bytes // (p + 2 * g + o))
+    while n and not fits(dp_memory_floor(n, precision, optimizer)["gpu0_reduce"], gpu):
+        n -= 1
+    return n
 
 
 # ------------------------------------------------------------------ DP's step, on the CPU
