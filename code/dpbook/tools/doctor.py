@@ -159,7 +159,8 @@ def modes(m: Machine) -> list[Row]:
         rows.append(Row("make gpu-check", f"chạy được trên {m.gpu_count} GPU" if gpus
                         else "không có GPU dùng được: lệnh chỉ báo rồi thoát",
                         "" if gpus else "Chạy lệnh này trên máy có GPU NVIDIA."))
-    rows.append(Row("Hình động (trang “Hình động và công cụ”)", "trong trình duyệt, không cần kernel"))
+    rows.append(Row("Hình động (phần “Dành cho giảng viên: hình động và công cụ tính”)",
+                    "trong trình duyệt, không cần kernel"))
     return rows
 
 
