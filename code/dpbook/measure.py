@@ -268,27 +268,33 @@ def peak_memory(run: Callable[[], None], *tracked: Iterable) -> PeakMemory:
     (``allocations.Census.current()``), its peak over ``run`` is ``allocated``: everything
     allocated since the census began and alive at the worst moment, attributed in ``parts``.
     """
+    census = Census.current()
+    if census is not None:
+        census.watch(*(m for m in tracked if isinstance(m, torch.nn.Module)))
+        census.reset_peak()
     if device().type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         run()
         torch.cuda.synchronize()
-        return PeakMemory(torch.cuda.max_memory_allocated(), "cuda")
+        return _with_census(PeakMemory(torch.cuda.max_memory_allocated(), "cuda"), census,
+                            tracked)
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    census = Census.current()
     tracker = MemTracker()
     tracker.track_external(*tracked)
-    if census is not None:
-        census.watch(*(m for m in tracked if isinstance(m, torch.nn.Module)))
-        census.reset_peak()
     with tracker:
         tracker.reset_mod_stats()
         run()
     snap = tracker.get_tracker_snapshot("peak")
     cpu = next((v for k, v in snap.items() if torch.device(k).type == "cpu"), {})
     breakdown = {str(k): int(v) for k, v in cpu.items()}
-    peak = PeakMemory(int(cpu.get("Total", 0)), "memtracker", breakdown)
+    return _with_census(PeakMemory(int(cpu.get("Total", 0)), "memtracker", breakdown), census,
+                        tracked)
+
+
+def _with_census(peak: PeakMemory, census: Census | None, tracked) -> PeakMemory:
+    """``peak`` with the census's own peak over the same run and its attribution then."""
     if census is not None:
         model = next((m for m in tracked if isinstance(m, torch.nn.Module)), None)
         opt = next((o for o in tracked if isinstance(o, torch.optim.Optimizer)), None)

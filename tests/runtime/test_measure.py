@@ -44,6 +44,9 @@ def test_ddp_all_reduces_every_gradient_once():
     assert {rec.collective for rec in r["records"]} == {"all_reduce"}
     assert sum(rec.nbytes for rec in r["records"]) == psi
     _check_state(r, 2, "DDP")
+    # the bucket copy lives through the step: at the peak too, beside the gradients
+    assert r["state"].buffers == psi and r["peak"].parts["buffers"] == psi
+    assert r["peak"].parts["gradients"] == psi
 
 
 def test_fsdp2_default_keeps_the_root_unsharded():
@@ -54,6 +57,9 @@ def test_fsdp2_default_keeps_the_root_unsharded():
     assert r["volume"] == costs.fsdp_step_bytes(psi, 2, "FULL_SHARD", root_bytes=root)
     assert r["volume"] != costs.fsdp_step_bytes(psi, 2, "FULL_SHARD")
     _check_state(r, 2, "FULL_SHARD")
+    # between steps no communication buffer is left; at the peak, FSDP2's AllGather and
+    # ReduceScatter buffers are there (a collective wrote them), at least the root unit's size
+    assert r["state"].buffers == 0 and r["peak"].parts["buffers"] >= root
 
 
 def test_fsdp2_reshard_true_is_three_halves_of_ddp():
