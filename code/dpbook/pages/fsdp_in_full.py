@@ -381,3 +381,23 @@ def load_for_inference(ckpt_dir: str) -> nn.Module:
         dcp.load(state, checkpoint_id=ckpt_dir)
     model.load_state_dict(state["model"])
     return model.eval()
+
+
+# ------------------------------------------------------------------ the page's plain script
+
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                      "train_fsdp.py")
+
+
+def run_script(nproc_per_node: int, batch_size: int, ckpt_dir: str, epochs: int = 3,
+               backend: str = "auto", timeout: float = 150.0):
+    """Run ``scripts/train_fsdp.py`` under ``torchrun --standalone`` (the CPU hidden when
+    ``backend`` is ``"gloo"``: ``torchrun.BACKEND_ENV``) and return ``(command as a reader types
+    it, completed process)``; the page merges and compares the checkpoints it leaves."""
+    from .. import torchrun
+
+    cmd = torchrun.command(SCRIPT, ["--epochs", epochs, "--batch-size", batch_size,
+                                    "--checkpoint", ckpt_dir],
+                           nproc_per_node=nproc_per_node, module=False)
+    shown = torchrun.display(cmd).replace(os.path.dirname(SCRIPT) + os.sep, "")
+    return shown, torchrun.run_process(cmd, timeout=timeout, env=torchrun.BACKEND_ENV[backend])
