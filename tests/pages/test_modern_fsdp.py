@@ -1,5 +1,6 @@
 """Section 4.2.7, part II (``dpbook.pages.modern_fsdp``): the formulas the page checks its runs
-against, and torch's rules they restate. No processes: the page's notebook runs the ranks.
+against, and torch's rules they restate; one distributed test (two gloo ranks) for the release of
+the first model in ``recompute_runs``.
 
 The numbers are those of the page's models: ``build_mlp(depth=3)`` (Blocks of 544, 1 056 and
 1 056 parameters, a root head of 132; fp32: 2 176, 4 224, 4 224 and 528 bytes) and
@@ -11,6 +12,7 @@ import inspect
 import pytest
 import torch
 
+from dpbook import launch
 from dpbook.models import build_mlp
 from dpbook.pages import modern_fsdp
 
@@ -157,3 +159,59 @@ def test_issue_order_reads_gathers_and_computes_of_one_pass():
     assert modern_fsdp.gathered_before(back, 1, "done") == [0]
     with pytest.raises(ValueError, match="phase"):
         modern_fsdp.issue_order(events, "optimizer")
+
+
+def _recompute_runs_frees_each_model(rank: int, world_size: int) -> int:
+    """Rank function: ``recompute_runs`` with ``build_bucket_net`` wrapped so that building the
+    second model fails while the first FSDP2 model is still alive (gpu-path review D12: on CUDA
+    the checkpointing run's peak counted it)."""
+    import weakref
+
+    from dpbook import measure
+    from dpbook.pages import modern_fsdp as page
+
+    class CudaLikeProbe:  # the CUDA path reads counters; MemTracker (CPU) keeps modules alive itself
+        method = "cuda"
+
+        def __init__(self, *tracked):
+            self.marks = []
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def mark(self, tag):
+            self.marks.append(tag)
+
+        def relative(self):
+            return {tag: 0 for tag in self.marks}
+
+    def cuda_like_peak(run, *tracked):
+        run()
+        return measure.PeakMemory(0, "cuda")
+
+    page.MemoryProbe, measure.peak_memory = CudaLikeProbe, cuda_like_peak
+    built, real = [], page.build_bucket_net
+
+    def tracked():
+        alive = [i for i, ref in enumerate(built) if ref() is not None]
+        if alive:
+            raise AssertionError(f"mô hình FSDP2 số {alive} vẫn còn khi lần chạy sau bắt đầu")
+        model = real()
+        built.append(weakref.ref(model))
+        return model
+
+    page.build_bucket_net = tracked
+    try:
+        page.recompute_runs(rank, world_size, batch_size=8)
+    finally:
+        page.build_bucket_net = real
+    return len(built)
+
+
+@pytest.mark.distributed
+def test_recompute_runs_frees_the_first_model_before_the_second():
+    assert launch.spawn(_recompute_runs_frees_each_model, world_size=2, backend="gloo",
+                        timeout=180, output="none") == [2, 2]

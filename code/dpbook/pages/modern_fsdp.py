@@ -21,6 +21,7 @@ Rank functions for ``launch.spawn`` and the formulas the page checks them agains
 
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
@@ -347,34 +348,58 @@ def recompute_runs(rank: int, world_size: int, batch_size: int = AC_BATCH) -> di
     """``BucketNet`` under FSDP2 (one unit per block), without and with activation
     checkpointing of every block (``apply_activation_checkpointing``, then ``fully_shard`` on
     the wrapped blocks, torchtitan's order): bytes alive after forward, peak of a step and
-    FLOPs (the time is measured by ``checkpoint_demo``, without FSDP's collectives)."""
+    FLOPs (the time is measured by ``checkpoint_demo``, without FSDP's collectives), and
+    ``pre_forward``: how many times FSDP2's pre-forward hook ran in one forward and in the
+    backward after it (the recomputation inside a ``CheckpointWrapper`` does not call it)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointWrapper, apply_activation_checkpointing)
 
     from ..measure import peak_memory
 
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
     out = {}
     for mode in ("không", "có"):
-        model = build_bucket_net()
-        if mode == "có":
-            apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, BucketBlock))
-        shard_blocks(model.to(device()), CheckpointWrapper if mode == "có" else BucketBlock,
-                     reshard_after_forward=True)
+        # Count FSDP2's pre-forward hook per pass: patched before fully_shard registers it
+        calls, phase, original = {"forward": 0, "backward": 0}, ["forward"], FSDPState._pre_forward
+
+        def counted(self, *args, **kwargs):
+            calls[phase[0]] += 1
+            return original(self, *args, **kwargs)
+
+        FSDPState._pre_forward = counted
+        try:
+            model = build_bucket_net()
+            if mode == "có":
+                apply_activation_checkpointing(model,
+                                               check_fn=lambda m: isinstance(m, BucketBlock))
+            shard_blocks(model.to(device()), CheckpointWrapper if mode == "có" else BucketBlock,
+                         reshard_after_forward=True)
+        finally:
+            FSDPState._pre_forward = original
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         x, y = _data(rank, world_size, batch_size, 32, 256)
         train_step(model, opt, x, y)
+        calls.update(forward=0, backward=0)
         with MemoryProbe(model, opt) as probe:
             probe.mark("start")
             out_ = model(x)
             probe.mark("after forward")
+            phase[0] = "backward"
             torch.nn.functional.mse_loss(out_, y).backward()
+        pre_forward = dict(calls)
         opt.zero_grad(set_to_none=True)
         forward, total = _count_flops(model, x, y)
         opt.zero_grad(set_to_none=True)
         peak = peak_memory(lambda: train_step(model, opt, x, y), model, opt)
         out[mode] = {"alive": probe.relative()["after forward"], "method": probe.method,
                      "forward_flops": forward, "step_flops": total, "peak": peak.peak,
-                     "blocks": [type(getattr(model, f"b{i}")).__name__ for i in range(3)]}
+                     "blocks": [type(getattr(model, f"b{i}")).__name__ for i in range(3)],
+                     "pre_forward": pre_forward}
+        # FSDP2 holds reference cycles: without this the first model is still allocated while
+        # the second measures its peak, and on CUDA the peak counts it (gpu-path review D12)
+        del model, opt, probe, out_, x, y
+        gc.collect()
     return out
 
 
