@@ -105,8 +105,7 @@ def test_hsdp_script_arguments_are_checked(tmp_path):
         hsdp_script.parallel("ddp", 2)
     with pytest.raises(SystemExit):
         hsdp_script.parse_args([str(tmp_path), "--steps", "0"])
-    with pytest.raises(SystemExit):
-        hsdp_script.parse_args([str(tmp_path / "missing")])
+    assert hsdp_script.parse_args([str(tmp_path / "missing")]).out_dir.endswith("missing")  # D20
     args = hsdp_script.parse_args([str(tmp_path), "--methods", "fsdp1"])
     assert args.methods == ["fsdp1"] and args.steps == 3
 
@@ -125,3 +124,9 @@ def test_model_sizes_and_figure():
     assert pos[0][0] == pos[2][0] < pos[1][0]  # same local rank, same column
     fig = multi_node.node_figure([(0, 0, 0), (1, 1, 0)], [[0, 1]], None, "x")
     assert fig.axes[0].get_title(loc="left") == "x"
+
+
+def test_the_two_node_command_is_the_same_on_every_node():
+    cmd = multi_node.two_node_command("10.0.0.1:29500")
+    assert cmd.startswith("torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d ")
+    assert "--node_rank" not in cmd and "--rdzv_endpoint=10.0.0.1:29500" in cmd
