@@ -222,7 +222,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
         if args.fallback is not None:
             # a fallback child must see the GPUs its parent gave it, or it checked nothing
-            print(f"  ✗ tiến trình con không thấy GPU nào (CUDA_VISIBLE_DEVICES="
+            print(f"  ✗ process con không thấy GPU nào (CUDA_VISIBLE_DEVICES="
                   f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}): không kiểm tra được dự phòng.")
             return 1
         advice = doctor.unusable_gpus_advice(machine.probe())
