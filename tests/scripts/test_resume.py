@@ -142,6 +142,15 @@ def test_summarize_starts_an_attempt_at_each_start_event():
     assert (second["world_size"], second["steps_run"], second["downtime_s"]) == (1, 0, 2.0)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The 12 steps of the two-node tests on 2 ranks without a fault (one launch for both)."""
+    ref = resume.ResumeConfig(ckpt_dir=str(tmp_path_factory.mktemp("ref")), out="", steps=12,
+                              ckpt_every=4)
+    return launch.spawn(resume.run, ref, world_size=2, backend="gloo", timeout=60,
+                        output="none")[0][0]
+
+
 def _two_node_run(tmp_path, name, during=None, max_restarts=1):
     """``dpbook.scripts.resume`` under two torchrun agents (two emulated nodes, one worker
     each, c10d rendezvous): 12 steps, a checkpoint every 4."""
@@ -160,7 +169,7 @@ def _two_node_run(tmp_path, name, during=None, max_restarts=1):
 
 
 @pytest.mark.distributed
-def test_two_nodes_survive_a_killed_worker_while_the_other_is_blocked(tmp_path):
+def test_two_nodes_survive_a_killed_worker_while_the_other_is_blocked(tmp_path, uninterrupted):
     """Issue 26: on a 2-node job, after the first checkpoint rank 0's worker is blocked
     (SIGSTOP: alive, so healthy to its agent, as a rank waiting in an NCCL collective) and rank
     1's worker is killed. Agent 1 restarts after a failure (its TORCHELASTIC_RESTART_COUNT
@@ -191,15 +200,13 @@ def test_two_nodes_survive_a_killed_worker_while_the_other_is_blocked(tmp_path):
     # rank 0 numbered the starts of the group (0, 1), whatever each agent counted
     assert [(a["attempt"], a["from_step"]) for a in summary["attempts"]] == [(0, 0), (1, 4)], \
         summary["attempts"]
-    ref = resume.ResumeConfig(ckpt_dir=str(tmp_path / "ref"), out="", steps=12, ckpt_every=4)
-    expected = launch.spawn(resume.run, ref, world_size=2, backend="gloo", timeout=60,
-                            output="none")[0][0]
+    expected = uninterrupted
     assert state.keys() == expected["state"].keys()
     assert all(torch.equal(state[k], expected["state"][k]) for k in state)
 
 
 @pytest.mark.distributed
-def test_an_elastic_job_loses_a_whole_node_and_goes_on_with_the_other(tmp_path):
+def test_an_elastic_job_loses_a_whole_node_and_goes_on_with_the_other(tmp_path, uninterrupted):
     """Issue 26, item 2: ``--nnodes=1:2``, two agents (emulated nodes, one worker each). After
     the first checkpoint the agent of rank 1 dies with its worker (a node lost), and the worker of
     rank 0 fails (as its next collective would). With one restart left, the surviving agent meets
@@ -251,8 +258,6 @@ def test_an_elastic_job_loses_a_whole_node_and_goes_on_with_the_other(tmp_path):
     state, summary = resume.read_result(str(out))
     assert [(a["attempt"], a["from_step"], a["world_size"]) for a in summary["attempts"]] == [
         (0, 0, 2), (1, 4, 1)], summary["attempts"]
-    ref = resume.ResumeConfig(ckpt_dir=str(tmp_path / "ref"), out="", steps=12, ckpt_every=4)
-    expected = launch.spawn(resume.run, ref, world_size=2, backend="gloo", timeout=60,
-                            output="none")[0][0]
+    expected = uninterrupted
     for k, v in expected["state"].items():
         torch.testing.assert_close(state[k], v, rtol=0, atol=1e-12)

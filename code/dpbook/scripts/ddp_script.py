@@ -141,7 +141,7 @@ def mean_over_ranks(t: torch.Tensor) -> float:
     """The mean of a scalar over every rank (one tiny AllReduce; every rank must call it)."""
     if dist.is_initialized():
         t = t.clone()
-        dist.all_reduce(t)  # SUM: gloo has no AVG
+        dist.all_reduce(t)  # SUM, then divide (ReduceOp.AVG works on gloo too: a choice)
         t /= dist.get_world_size()
     return t.item()
 
