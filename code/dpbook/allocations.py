@@ -18,8 +18,11 @@ began, and ``peak_bytes()`` the most it held at once: not a sum of tensors the c
   counters are bookkeeping: they go to ``other``);
 * ``buffers``: communication buffers, storages a collective (an operator of the ``c10d``
   namespace) read or wrote that are none of the above: DDP's buckets, FSDP's AllGather and
-  ReduceScatter buffers while they live;
-* ``other``: the rest (activations, temporaries, the batch, leftovers).
+  ReduceScatter buffers while they live (and the storages a caller names: ``extra``, such as
+  FSDP's gathered parameters, which FSDP copies out of the AllGather's output);
+* ``activations``: storages autograd saved for the backward pass (seen by a
+  ``saved_tensors_hooks`` pair that the census installs), none of the above;
+* ``other``: the rest (temporaries, the batch, leftovers).
 
 What it cannot see: memory allocated outside PyTorch's dispatcher (gloo's own buffers, the CUDA
 caching allocator's slack: ``torch.cuda`` statistics measure that on a GPU), and an operator's
@@ -40,7 +43,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-CATEGORIES = ("parameters", "gradients", "optimizer", "buffers", "other")
+CATEGORIES = ("parameters", "gradients", "optimizer", "buffers", "activations", "other")
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -99,9 +102,10 @@ class Census(TorchDispatchMode):
         self._live: dict[int, tuple[weakref.ref, int]] = {}  # key -> (storage, bytes)
         self._touched: set[int] = set()  # storages a collective read or wrote
         self._grad: set[int] = set()  # storages autograd accumulated a gradient into
+        self._saved: set[int] = set()  # storages autograd saved for backward
         self._current = 0
         self._peak = 0
-        self._at_peak: tuple[dict, set, set] = ({}, set(), set())  # live, gradients, touched
+        self._at_peak: tuple = ({}, set(), set(), set())  # live, gradients, touched, saved
         self._hooks: list = []
         self._resize = None
 
@@ -122,9 +126,19 @@ class Census(TorchDispatchMode):
 
         torch.UntypedStorage.resize_ = resize_
         Census._active.append(self)
+        self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._saving.__enter__()
         return super().__enter__()
 
+    def _pack(self, t):
+        st = storage_of(t) if isinstance(t, torch.Tensor) else None
+        if st is not None:
+            with self._lock:
+                self._saved.add(st._cdata)
+        return t
+
     def __exit__(self, *exc):
+        self._saving.__exit__(*exc)
         torch.UntypedStorage.resize_ = self._resize
         Census._active.remove(self)
         for h in self._hooks:
@@ -170,6 +184,7 @@ class Census(TorchDispatchMode):
                 self._current -= entry[1]
             self._touched.discard(key)
             self._grad.discard(key)
+            self._saved.discard(key)
 
     def _resized(self, st) -> None:
         with self._lock:
@@ -183,7 +198,10 @@ class Census(TorchDispatchMode):
     def _mark_peak(self) -> None:
         if self._current > self._peak:
             self._peak = self._current
-            self._at_peak = (dict(self._live), set(self._grad), set(self._touched))
+            self._at_peak = self._now()
+
+    def _now(self) -> tuple:
+        return dict(self._live), set(self._grad), set(self._touched), set(self._saved)
 
     # --- what it saw
     def live_bytes(self) -> int:
@@ -197,7 +215,7 @@ class Census(TorchDispatchMode):
     def reset_peak(self) -> None:
         with self._lock:
             self._peak = self._current
-            self._at_peak = (dict(self._live), set(self._grad), set(self._touched))
+            self._at_peak = self._now()
 
     def watch(self, *models: torch.nn.Module) -> None:
         """Tag as a gradient every storage autograd accumulates a parameter's gradient into
@@ -215,14 +233,16 @@ class Census(TorchDispatchMode):
 
     def breakdown(self, model: torch.nn.Module | None = None,
                   optimizer: torch.optim.Optimizer | None = None, *,
-                  at_peak: bool = False) -> dict[str, int]:
+                  at_peak: bool = False, extra: Iterable[torch.Tensor] = ()) -> dict[str, int]:
         """Bytes per category (``CATEGORIES``) of what is live now (or was at the peak): the
         census's allocations, plus the storages of ``model``'s parameters and gradients and of
-        ``optimizer``'s state allocated before it began."""
+        ``optimizer``'s state allocated before it began. ``extra``: tensors whose storages are
+        communication buffers (FSDP's gathered parameters: the same storage objects are
+        resized between steps, so they are known by identity after the run)."""
         known = identities(model, optimizer)
         with self._lock:
-            live, grads, touched = self._at_peak if at_peak else (
-                dict(self._live), set(self._grad), set(self._touched))
+            live, grads, touched, saved = self._at_peak if at_peak else self._now()
+        touched = touched | {st._cdata for t in extra if (st := storage_of(t)) is not None}
         sizes = {key: size for key, (_, size) in live.items()}
         if not at_peak:  # storages the census did not see allocated but that are state
             for category in ("parameters", "gradients", "optimizer"):
@@ -230,18 +250,20 @@ class Census(TorchDispatchMode):
                     sizes.setdefault(key, st.nbytes())
         out = dict.fromkeys(CATEGORIES, 0)
         for key, size in sizes.items():
-            out[_category(key, known, grads, touched)] += size
+            out[_category(key, known, grads, touched, saved)] += size
         return out
 
 
-def _category(key, known, grads, touched) -> str:
+def _category(key, known, grads, touched, saved) -> str:
     if key in known["parameters"]:
         return "parameters"
     if key in known["gradients"] or key in grads:
         return "gradients"
     if key in known["optimizer"]:
         return "optimizer"
-    return "buffers" if key in touched else "other"
+    if key in touched:
+        return "buffers"
+    return "activations" if key in saved else "other"
 
 
 def census_of(objects: Iterable) -> int:

@@ -185,7 +185,8 @@ class StateBytes:
     """Bytes of training state on one rank (activations are not state: see ``peak_memory``),
     and, measured by a census (``method="census"``), the communication buffers that outlive
     the step (``buffers``: DDP's buckets) and the rest of what the process allocated and still
-    holds (``other``: the batch, Adam's step counters, leftovers)."""
+    holds (``other``: the batch, activations still referenced, Adam's step counters,
+    leftovers)."""
 
     params: int
     grads: int
@@ -230,7 +231,7 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None 
     if census is not None:
         b = census.breakdown(model, optimizer)
         return StateBytes(b["parameters"], b["gradients"], b["optimizer"], b["buffers"],
-                          b["other"], "census")
+                          b["activations"] + b["other"], "census")
     params = list(model.parameters())
     p_bytes = sum(local_bytes(p) for p in params)
     g_bytes = sum(local_bytes(p.grad) for p in params if p.grad is not None)
