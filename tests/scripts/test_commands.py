@@ -220,3 +220,43 @@ def test_slurm_batch_script_of_4_2_4_under_a_stand_in_srun(tmp_path):
     assert out.returncode == 0, out.stdout
     state = torch.load(tmp_path / "ket-qua" / str(job) / "ddp.pt", weights_only=True)
     assert_same_weights(state, one_process("ddp", 3, 2 * 32))
+
+
+PAGES = ("02-ddp-day-du", "03-fsdp-day-du", "04-torchrun")
+
+
+def solution_listings() -> list[tuple[str, str]]:
+    """(page, code) of every ```python listing inside an exercise solution of 4.2.2-4.2.4."""
+    found = []
+    for page in PAGES:
+        nb = json.loads((ROOT / f"book/ch04/p2/{page}.ipynb").read_text(encoding="utf-8"))
+        for cell in nb["cells"]:
+            text = "".join(cell["source"])
+            for sol in text.split("{solution}")[1:]:
+                sol = sol.split("\n````", 1)[0]
+                found += [(page, block.split("```", 1)[0])
+                          for block in sol.split("```python\n")[1:]]
+    return found
+
+
+def printed_as_commented(code: str) -> list[str]:
+    """What a listing says it prints: its comment-only lines, and the comment after a
+    ``print(...)`` on the same line, as words."""
+    words = []
+    for line in code.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("# "):
+            words += stripped[2:].split()
+        elif stripped.startswith("print(") and "  # " in line:
+            words += line.split("  # ", 1)[1].split()
+    return words
+
+
+@pytest.mark.parametrize("page, code", solution_listings(),
+                         ids=[f"{p}-{i}" for i, (p, _) in enumerate(solution_listings())])
+def test_solution_code_runs_as_printed(page, code, capsys):
+    """Issue 26, item 3: the solutions' code runs as printed and prints what its comments say."""
+    exec(compile(code, f"<{page}>", "exec"), {"__name__": "__solution__"})
+    out = capsys.readouterr().out.replace("\u202f", " ")
+    assert out.split() == [w for w in " ".join(printed_as_commented(code)).replace(
+        "\u202f", " ").split()], out
