@@ -157,7 +157,9 @@ def record_all_reduce():
     """Record ``(bytes, dtype, thread name)`` of every ``torch.distributed.all_reduce`` call made
     in the block, from any thread. The Python hooks call it through the module (``dist.all_reduce``);
     PowerSGD issues P and Q inside future callbacks, which may run on a gloo thread, where
-    ``measure.CommLog`` (a dispatch mode, entered on one thread) does not look."""
+    ``measure.CommLog`` (a dispatch mode, entered on one thread) does not look. The thread of a
+    hook itself is the one autograd runs it on: for CPU parameters the thread that called
+    ``backward`` (here MainThread), for CUDA parameters autograd's device thread."""
     calls, original = [], dist.all_reduce
 
     def recorded(tensor, *args, **kwargs):
