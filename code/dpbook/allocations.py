@@ -41,9 +41,19 @@ from typing import Iterable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 CATEGORIES = ("parameters", "gradients", "optimizer", "buffers", "activations", "other")
+
+
+_DTENSOR: list = []
+
+
+def _dtensor() -> type:
+    if not _DTENSOR:
+        from torch.distributed.tensor import DTensor
+
+        _DTENSOR.append(DTensor)
+    return _DTENSOR[0]
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -61,8 +71,22 @@ def storage_of(t: torch.Tensor):
         return None
 
 
+def _leaves(obj, out: list) -> list:
+    """Tensors and storages in ``obj`` (lists, tuples and dicts of them): what an operator's
+    arguments and results hold (``tree_flatten`` does the same, ten times slower)."""
+    if isinstance(obj, (torch.Tensor, torch.UntypedStorage)):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            _leaves(o, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _leaves(o, out)
+    return out
+
+
 def _tensors(obj) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
+    return [t for t in _leaves(obj, []) if isinstance(t, torch.Tensor)]
 
 
 def identities(model: torch.nn.Module | None = None,
@@ -106,6 +130,7 @@ class Census(TorchDispatchMode):
         self._current = 0
         self._peak = 0
         self._at_peak: tuple = ({}, set(), set(), set())  # live, gradients, touched, saved
+        self._peak_due = False
         self._hooks: list = []
         self._resize = None
 
@@ -147,16 +172,17 @@ class Census(TorchDispatchMode):
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.distributed.tensor import DTensor
-
-        if any(issubclass(t, DTensor) for t in types):
+        if any(issubclass(t, _dtensor()) for t in types):
             return NotImplemented  # let DTensor run its local ops, which come back here
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        inputs = {st._cdata for t in _tensors((args, kwargs))
-                  if (st := storage_of(t)) is not None}
-        inputs |= {x._cdata for x in tree_flatten((args, kwargs))[0]
-                   if isinstance(x, torch.UntypedStorage)}  # set_(storage) returns it
+        inputs = set()
+        for x in _leaves((args, kwargs), []):
+            if isinstance(x, torch.Tensor):
+                if (st := storage_of(x)) is not None:
+                    inputs.add(st._cdata)
+            elif isinstance(x, torch.UntypedStorage):  # set_(storage) returns it
+                inputs.add(x._cdata)
         if func.namespace == "c10d":
             with self._lock:
                 self._touched |= inputs
@@ -171,14 +197,16 @@ class Census(TorchDispatchMode):
         with self._lock:
             if key in self._live:
                 return
-            self._live[key] = (weakref.ref(st), size)
+            # the weak reference's callback runs when the storage is freed (in whatever thread
+            # drops the last reference); it lives in ``_live`` as long as the storage does
+            self._live[key] = (weakref.ref(st, lambda _, k=key: self._freed(k)), size)
             self._current += size
             self._mark_peak()
-        finalizer = weakref.finalize(st, self._freed, key)
-        finalizer.atexit = False
 
     def _freed(self, key: int) -> None:
         with self._lock:
+            if key in self._live:
+                self._keep_peak()
             entry = self._live.pop(key, None)
             if entry is not None:
                 self._current -= entry[1]
@@ -191,14 +219,23 @@ class Census(TorchDispatchMode):
             entry = self._live.get(st._cdata)
             if entry is None:
                 return
+            if st.nbytes() < entry[1]:
+                self._keep_peak()
             self._current += st.nbytes() - entry[1]
             self._live[st._cdata] = (entry[0], st.nbytes())
             self._mark_peak()
 
     def _mark_peak(self) -> None:
+        # A new peak only marks the snapshot as due: until something is freed, what is live
+        # can only grow, so the state just before the next free is the peak's (one copy per
+        # local maximum instead of one per allocation).
         if self._current > self._peak:
             self._peak = self._current
-            self._at_peak = self._now()
+            self._peak_due = True
+
+    def _keep_peak(self) -> None:
+        if self._peak_due:
+            self._at_peak, self._peak_due = self._now(), False
 
     def _now(self) -> tuple:
         return dict(self._live), set(self._grad), set(self._touched), set(self._saved)
@@ -215,7 +252,7 @@ class Census(TorchDispatchMode):
     def reset_peak(self) -> None:
         with self._lock:
             self._peak = self._current
-            self._at_peak = self._now()
+            self._at_peak, self._peak_due = self._now(), False
 
     def watch(self, *models: torch.nn.Module) -> None:
         """Tag as a gradient every storage autograd accumulates a parameter's gradient into
@@ -241,6 +278,7 @@ class Census(TorchDispatchMode):
         resized between steps, so they are known by identity after the run)."""
         known = identities(model, optimizer)
         with self._lock:
+            self._keep_peak()  # a peak not followed by any free yet is the state now
             live, grads, touched, saved = self._at_peak if at_peak else self._now()
         touched = touched | {st._cdata for t in extra if (st := storage_of(t)) is not None}
         sizes = {key: size for key, (_, size) in live.items()}
