@@ -104,7 +104,8 @@ def call(fn):
     if not (isinstance(batch, tuple) and batch and all(isinstance(t, torch.Tensor) for t in batch)):
         raise MemcheckError("batch phải là một tensor hoặc một tuple các tensor.")
     if not callable(loss_fn):
-        raise MemcheckError("phần tử thứ ba (loss_fn) phải gọi được: loss_fn(output) -> loss.")
+        raise MemcheckError("phần tử thứ ba (loss_fn) phải gọi được: loss_fn(output) trả về giá "
+                            "trị mất mát.")
     return model, batch, loss_fn
 
 
