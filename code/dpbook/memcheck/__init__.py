@@ -442,6 +442,9 @@ def table(report: Report) -> str:
         lines.append(f"{'bộ nhớ đỉnh':<30}{vi.grouped(pk['predicted']):>14}"
                      f"{vi.grouped(pk['measured']):>14}"
                      f"{vi.grouped(pk['measured'] - pk['predicted'], ' '):>14}")
+        if pk.get("parts"):
+            lines.append("  lúc đỉnh đo được: " + "; ".join(
+                f"{NAMES[c].split(' (')[0]} {vi.grouped(v)}" for c, v in pk["parts"].items() if v))
     lines += ["", "Chẩn đoán:" if report.diagnoses else "Chẩn đoán: không thấy lỗi nào."]
     lines += [f"- [{d['code']}] {d['message']}" for d in report.diagnoses]
     lines.append("(dự đoán đỉnh = sổ kế toán lúc phase=\"step\" + activation đo được: sổ kế toán "
