@@ -12,6 +12,7 @@ import yaml
 
 from dpbook import costs, memory
 from dpbook.pages import dataparallel
+from dpbook.tools import reading
 
 CH04 = ("book", "ch04")
 
@@ -199,3 +200,139 @@ def test_orientation_pages_follow_the_terminology(root, page):
                    "tải lại", "tải checkpoint", "Các tham số của {term}`torchrun`",
                    "Các tham số từ khóa", "thanh tiến trình", "đỉnh bộ nhớ", "tensor song song"):
         assert banned not in text, banned
+
+
+# The two-evening path of lo-trinh.md, section by section: for each page, the titles (a heading's
+# start) of the level-2 sections the table names; None: the whole page. Each page's opening (the
+# text before its first section, "Bạn sẽ học gì", "Cần biết trước") is read too.
+EVENINGS = {
+    "Buổi 1": {
+        "index.md": ["Vì sao phải tiến hóa"],
+        "moi-truong.ipynb": None,
+        "p1/01-nen-tang-toan-hoc.ipynb": ["Ý tưởng", "Nhìn bằng hình", "Đo trên một lần chạy thật",
+                                          "Batch toàn cục", "Tóm tắt"],
+        "p1/02-dataparallel.ipynb": ["Ý tưởng", "Cơ chế", "Hình động", "Sáu nhược điểm",
+                                     "Vị trí của DP", "Tóm tắt"],
+        "p1/03-ddp.ipynb": ["Ý tưởng", "Broadcast ban đầu", "Cả vòng đời trong một hình",
+                            "`DistributedSampler` và `set_epoch()`", "AllReduce gradient",
+                            "Những điểm cần nhớ", "Từng bước một", "Hạn chế", "Tóm tắt"],
+        "p1/04-bucket-overlap.ipynb": ["Ý tưởng", "Ba cách đồng bộ", "Xem từng khung hình",
+                                       "Tích lũy gradient và `no_sync()`", "Tóm tắt"],
+        "p1/05-ring-allreduce.ipynb": ["Ý tưởng", "Cơ chế", "Suy ra lượng giao tiếp", "Tóm tắt"],
+        "p1/06-fsdp.ipynb": ["Ý tưởng", "Vòng đời một bước FSDP", "Các chiến lược phân mảnh",
+                             "Giao tiếp", "FSDP2", "Tóm tắt"],
+        "p1/07-so-ke-toan-vram.ipynb": ["Ý tưởng", "16 byte mỗi tham số", "Tóm tắt"],
+        "p1/08-chon-ddp-hay-fsdp.ipynb": ["Bảng so sánh", "Quy tắc quyết định", "Tóm tắt"],
+    },
+    "Buổi 2": {
+        "p2/index.md": ["Bộ khung của một hàm worker DDP"],
+        "p2/01-giao-tiep.ipynb": ["Ý tưởng", "Các phép toán tập thể, chạy thật"],
+        "p2/02-ddp-day-du.ipynb": ["Script", "Bảy thay đổi", "Chạy bằng torchrun",
+                                   "DDP có thực sự bằng một process?"],
+        "p2/bai-a-ddp.ipynb": None,
+        "p2/03-fsdp-day-du.ipynb": ["Script", "Năm quyết định", "Đơn vị bọc", "Độ chính xác hỗn hợp",
+                                    "Lưu bằng DCP"],
+        "p2/bai-boc-fsdp.ipynb": None,
+        "p2/bai-c-sharding-strategy.ipynb": ["Đề bài", "Mã đo và chạy", "Giải thích từng kết quả"],
+        "p2/04-torchrun.ipynb": ["Mỗi node một agent", "Trên cụm thật: script SLURM"],
+        "p2/05-loi-thuong-gap.ipynb": ["Bảng tra nhanh"],
+    },
+}
+OPENING = ("", "Bạn sẽ học gì", "Cần biết trước")
+
+
+def _page_markdown(path):
+    if path.suffix == ".md":
+        return path.read_text(encoding="utf-8")
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+
+
+def _sections(text):
+    """{level-2 heading (its text; "" for the opening): its lines}, headings inside fenced blocks
+    (code, admonitions) left alone."""
+    sections, title, fence = {"": []}, "", None
+    for line in text.splitlines():
+        mark = re.match(r"^(`{3,}|:{3,})", line)
+        if fence is None and mark:
+            fence = mark.group(1)
+        elif fence is not None and line.strip() == fence:
+            fence = None
+        elif fence is None and line.startswith("## "):
+            title = line[3:].strip()
+            sections[title] = []
+        sections[title].append(line)
+    return sections
+
+
+def _shown_words(lines):
+    """Words a reader meets with every collapsed block closed, by the counter's rules
+    (dpbook.tools.reading) applied to the source: no code, no display maths, a collapsed block
+    counts its title only, a role or an inline formula one word, a link its text."""
+    words, stack, maths = 0, [], False
+    for line in lines:
+        mark = re.match(r"^(`{3,}|:{3,})\s*(\{(\w+)\})?\s*(.*)$", line)
+        if mark and not (stack and line.strip() == stack[-1][0]):
+            kind = mark.group(3) or "code"
+            stack.append((mark.group(1), kind, False))
+            if kind in ("admonition", "exercise", "solution") and mark.group(4):
+                words += len(mark.group(4).split()) * (kind != "solution")
+            continue
+        if stack and line.strip() == stack[-1][0]:
+            stack.pop()
+            continue
+        if stack and line.startswith(":class:"):
+            if "dropdown" in line:
+                stack[-1] = (stack[-1][0], stack[-1][1], True)
+            continue
+        if stack and (line.startswith(":label:") or line.startswith(":")):
+            continue
+        if any(kind == "code" or hidden or kind == "solution" for _, kind, hidden in stack):
+            continue
+        if line.strip().startswith("$$") or maths:
+            maths = (line.strip().count("$$") % 2 == 1) != maths
+            continue
+        text = re.sub(r"\{[\w:]+\}`[^`]*`", "X", line)  # roles: {term}, {glue:text}, {cite}
+        text = re.sub(r"\$[^$]+\$", "X", text)  # inline maths
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # links: their text
+        text = re.sub(r"[|#*>-]+(?=\s|$)", " ", text)  # table rules, heading and list marks
+        words += len(text.split())
+    return words
+
+
+def _evening_words(root, pages):
+    here = root.joinpath(*CH04)
+    total = 0
+    for page, named in pages.items():
+        sections = _sections(_page_markdown(here / page))
+        for title, lines in sections.items():
+            if named is None or any(title.startswith(t) for t in OPENING[1:]) or title == "" \
+                    or any(title.startswith(n) for n in named):
+                total += _shown_words(lines)
+    return total
+
+
+def test_two_evening_path_names_real_sections_and_its_reading_time(root, path_page):
+    """The two-evening table names each page's sections by their titles as they stand, and the
+    reading time it states is the words of those sections (and each page's opening) at the
+    counter's 150 words a minute, to the nearest ten minutes (the source count runs a few per cent
+    below the built page's)."""
+    here = root.joinpath(*CH04)
+    rows = {m.group(1): m.group(2) for m in re.finditer(
+        r"^\| \[[^\]]+\]\(([^)]+)\) \| ([^|]*)\|", path_page, flags=re.M)}
+    for evening, pages in EVENINGS.items():
+        for page, named in pages.items():
+            titles = list(_sections(_page_markdown(here / page)))
+            cell = rows[page]
+            quoted = re.findall(r"\"([^\"]+)\"", cell)
+            if named is None:
+                assert "cả trang" in cell or "cả bài" in cell, (page, cell)
+            else:
+                assert quoted == named, (page, quoted)
+                for name in named:
+                    assert sum(t.startswith(name) for t in titles) == 1, (page, name, titles)
+        words = _evening_words(root, pages)
+        minutes = 10 * round(words / reading.WORDS_PER_MINUTE / 10)
+        block = path_page[path_page.index(f"### {evening}"):]
+        block = block[:re.search(r"\n##", block[4:]).start() + 4]
+        assert f"khoảng {minutes} phút" in _flat(block), (evening, words, minutes)
