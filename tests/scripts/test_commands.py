@@ -215,6 +215,7 @@ def test_slurm_batch_script_of_4_2_4_under_a_stand_in_srun(tmp_path):
     env = {**CPU, "PATH": f"{fake}:{BIN}:/usr/bin:/bin", "SLURM_JOB_ID": str(job),
            "SLURM_JOB_NAME": "ddp", "SLURM_NNODES": "2", "SLURM_JOB_NUM_NODES": "2",
            "SLURM_JOB_NODELIST": "127.0.0.1,127.0.0.1", "SLURM_GPUS_ON_NODE": "1",
+           "SLURM_CPUS_PER_TASK": "1",
            "SLURM_SUBMIT_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
     out = torchrun.run_process(["bash", "job.sh"], timeout=180, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stdout
