@@ -156,6 +156,7 @@ def test_main_ends_with_a_table_to_paste_and_fails_on_any_failed_row(monkeypatch
         {"page": "4.2.1 giao tiếp", "ok": True, "detail": "ổn", "seconds": 1.0}])
     monkeypatch.setattr(gpu_check, "fallback", lambda v, r: calls.append(("fallback", v)) or True)
     monkeypatch.setattr(gpu_check, "flight_recorder", lambda: calls.append(("fr",)) or True)
+    monkeypatch.setattr(gpu_check, "memcheck_rows", lambda g: [("memcheck", True, "")])
     monkeypatch.setattr(gpu_check, "notebooks", lambda jobs: [
         ("nbval, mọi notebook", False, "9 ô đạt, 1 ô trượt"),
         ("nbval book/x.ipynb::Cell 3", False, "AssertionError")])
@@ -197,3 +198,30 @@ def test_a_fallback_child_that_sees_no_gpu_fails():
 def test_fallbacks_slice_the_gpus_this_job_was_given():
     assert gpu_check.visible_devices(2, {"CUDA_VISIBLE_DEVICES": "4,5,6"}) == "4,5"
     assert gpu_check.visible_devices(1, {}) == "0"
+
+
+def test_memcheck_rows_want_the_bucket_copy_diagnosed_only_for_default_ddp(monkeypatch):
+    """The GPU entry of issue 30, with memcheck faked: the default DDP must get `bucket_copy`,
+    ddp-view must not, and a category that leaves the ledger fails its row."""
+    from dpbook import memcheck
+
+    ledger = {"parameters": 1, "gradients": 1, "optimizer": 2, "buffers": 1}
+
+    def fake_run(spec, strategy, nproc):
+        report = memcheck.Report(strategy, nproc, "auto")
+        measured = dict(ledger, buffers=0 if strategy == "ddp-view" else 1)
+        predicted = dict(ledger, buffers=measured["buffers"])
+        report.ranks = [{"rank": 0, "predicted": predicted, "measured": measured}]
+        report.diagnoses = [{"code": "bucket_copy", "message": ""}] if strategy == "ddp" else []
+        return report
+
+    monkeypatch.setattr(memcheck, "run", fake_run)
+    assert [ok for _, ok, _ in gpu_check.memcheck_rows(2)] == [True, True]
+
+    def wrong(spec, strategy, nproc):  # a wrong wrapper: DDP without its diagnosis
+        report = fake_run(spec, strategy, nproc)
+        report.diagnoses = []
+        return report
+
+    monkeypatch.setattr(memcheck, "run", wrong)
+    assert [ok for _, ok, _ in gpu_check.memcheck_rows(2)] == [False, True]

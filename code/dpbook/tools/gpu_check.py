@@ -17,6 +17,9 @@
    an AllReduce, with a short timeout and the recorder on (``pages.modern_ddp.nccl_hang``); the
    watchdog must write rank 0's dump, naming the AllReduce that did not complete.
 
+7. ``python -m dpbook.memcheck`` under NCCL: DDP's bucket copy diagnosed, measured from
+   ``torch.cuda`` statistics, and absent with ``gradient_as_bucket_view=True``.
+
 It ends with a summary table in Markdown (check, result, detail; a failed notebook cell by its
 notebook and cell) to paste into an issue, and exits 1 if any row failed.
 
@@ -204,6 +207,31 @@ def bus_bandwidth(ws: int, timeout: float = 240.0) -> tuple[bool, str]:
                            f" busbw {vi.number(row.busbw / 1e9, 1)} GB/s (đo bằng thời gian)")
 
 
+def memcheck_rows(gpus: int) -> list[tuple[str, bool, str]]:
+    """Issue 30's command under NCCL (``torch.cuda`` statistics): the default DDP must be told
+    its bucket copy (``bucket_copy``), ``ddp-view`` must not, and on every rank the measured
+    parameters, gradients, optimizer state and buffers must equal the ledger's."""
+    from .. import memcheck
+
+    rows = []
+    ws = min(2, gpus)
+    for strategy, expect in (("ddp", True), ("ddp-view", False)):
+        name = f"memcheck --strategy {strategy}, {ws} GPU"
+        try:
+            report = memcheck.run("dpbook.memcheck.examples:book_mlp", strategy, nproc=ws)
+        except Exception as exc:  # report it in the table, go on with the rest
+            rows.append((name, False, f"{type(exc).__name__}: {exc}"[:150]))
+            continue
+        codes = [d["code"] for d in report.diagnoses]
+        keys = ("parameters", "gradients", "optimizer", "buffers")
+        off = [f"rank {r['rank']} {k}" for r in report.ranks for k in keys
+               if r["predicted"].get(k) != r["measured"].get(k)]
+        ok = (("bucket_copy" in codes) == expect) and not off
+        rows.append((name, ok, f"chẩn đoán {codes or 'không có'}"
+                     + (f"; lệch sổ kế toán: {', '.join(off)}" if off else "")))
+    return rows
+
+
 def markdown(summary: list[tuple[str, bool, str]]) -> str:
     """The summary as a Markdown table, to paste into an issue."""
     lines = ["| kiểm tra | kết quả | chi tiết |", "| --- | --- | --- |"]
@@ -273,6 +301,7 @@ def main(argv=None) -> int:
             summary.append((f"Dự phòng: {ranks} rank, {visible} GPU", fallback(visible, ranks), ""))
     if gpus >= FLIGHT_RECORDER_GPUS:
         summary.append(("Flight recorder của NCCL", flight_recorder(), ""))
+    summary += memcheck_rows(gpus)
     if not args.no_notebooks:
         summary += notebooks(args.jobs)
     ok = all(row[1] for row in summary)
