@@ -170,3 +170,23 @@ def test_report_texts_are_vietnamese_numbers():
     layout = bucket_overlap.layout_text(params, [b.params for b in tl.buckets])
     assert layout.startswith("B0 head 65,0 KiB | B1 b2.fc2")
     assert layout.count("|") == len(tl.buckets) - 1
+
+
+@pytest.mark.parametrize("cap_list", [None, [0.02, 0.1]])
+@pytest.mark.parametrize("find_unused", [False, True])
+@pytest.mark.parametrize("static_graph", [False, True])
+def test_step_one_is_a_single_bucket_except_with_a_cap_list_or_unused_parameters(
+        cap_list, find_unused, static_graph):
+    """4.1.4's rule 5 and the ddp-buckets page: the first step puts every gradient in one bucket
+    unless bucket_cap_mb_list is given or find_unused_parameters=True without static_graph=True
+    (then the declaration-order layout), as PyTorch computes the first step's limits."""
+    import sys
+
+    from torch.nn.parallel import distributed as ddp_impl
+
+    cfg = ddp_impl._BucketCapacityConfig.create(bucket_cap_mb=None, bucket_cap_mb_list=cap_list,
+                                                use_python_reducer=False)
+    limits, _ = cfg.compute_bucket_size_limits(static_graph=static_graph,
+                                               find_unused_parameters=find_unused)
+    declaration_order = cap_list is not None or (find_unused and not static_graph)
+    assert (limits == [sys.maxsize]) == (not declaration_order)
