@@ -4,7 +4,8 @@
   ``sampler_orders`` (4.2.5 uses them too).
 * ``ddp_lifecycle``: a rank function that builds a model with *its own* random weights
   (``seed=rank``), wraps it in DDP, trains a few steps and records every collective: the
-  Broadcast at construction, the buffer Broadcast in each forward, the AllReduce in backward.
+  Broadcast at construction, the buffer Broadcast that opens each training step's forward (not
+  every forward: ``buffer_broadcasts``), the AllReduce in backward.
   Rank 0 alone logs and saves ``ddp.module.state_dict()``.
 
 They live in the package because ``spawn`` runs only functions that child processes can import.
