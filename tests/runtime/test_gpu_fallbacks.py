@@ -192,7 +192,9 @@ def test_mixed_precision_dtype_follows_the_gpu(cuda_build, capability, dtype):
 
 
 def test_the_ddp_script_reports_its_autocast_dtype():
-    cfg = ddp_script.ScriptConfig(epochs=1, num_samples=16, eval_samples=4, progress=False)
+    # pinned to the CPU (review D7): without a process group the script takes cuda when it can
+    cfg = ddp_script.ScriptConfig(epochs=1, num_samples=16, eval_samples=4, progress=False,
+                                  device="cpu")
     r = ddp_script.run(0, 1, cfg)
     assert (r["autocast"], r["amp_dtype"]) == (False, None)  # CPU: no autocast
 
