@@ -164,3 +164,28 @@ def test_bad_input_on_the_command_line_exits_2_in_vietnamese(capsys):
 
     assert main([BOOK, "--strategy", "x"]) == 2
     assert "memcheck: lỗi: strategy='x' không hợp lệ" in capsys.readouterr().err
+
+
+def test_the_readmes_memcheck_commands_run_as_printed(root, tmp_path):
+    """Every copyable command runs in a test: the README's two memcheck lines, from a copy of
+    the repository's root (they write under _build/runs/), the first diagnosing DDP's bucket
+    copy, the second (gradient_as_bucket_view=True) writing a JSON without it."""
+    import os
+    import shlex
+
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    lines = [line for line in readme.splitlines() if line.startswith(".venv/bin/python -m dpbook.memcheck")]
+    assert len(lines) == 2
+    (tmp_path / "_build" / "runs").mkdir(parents=True)
+    outs = []
+    for line in lines:
+        argv = shlex.split(line)
+        argv[0] = sys.executable
+        proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(root / "code")})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        outs.append(proc.stdout)
+    assert "[bucket_copy]" in outs[0] and "[bucket_copy]" not in outs[1]
+    data = json.loads((tmp_path / "_build" / "runs" / "memcheck.json").read_text(encoding="utf-8"))
+    assert data["strategy"] == "ddp-view" and all(r["measured"]["buffers"] == 0
+                                                  for r in data["ranks"])
