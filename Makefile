@@ -24,7 +24,7 @@ TORCH_REQUIREMENT := "torch"
 else ifeq ($(TORCH),cpu)
 # `==X+cpu`, not `==X`: an installed CUDA build of X would satisfy `==X` and stay.
 TORCH_REQUIREMENT := --index-url $(TORCH_CPU_INDEX) "torch==$(TORCH_VERSION)+cpu"
-else ifneq ($(filter cu%,$(TORCH)),)
+else ifneq ($(shell echo '$(TORCH)' | grep -E '^cu[0-9]{3}$$'),)
 TORCH_REQUIREMENT := --index-url https://download.pytorch.org/whl/$(TORCH) "torch==$(TORCH_VERSION)+$(TORCH)"
 else
 $(error TORCH=$(TORCH): giá trị không hợp lệ; để trống (mặc định), TORCH=cpu, hoặc một bản CUDA như TORCH=cu126)
