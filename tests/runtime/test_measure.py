@@ -29,10 +29,11 @@ def _check_state(r, world_size, strategy, **kw):
     # parameters, gradients, optimizer state and DDP's bucket copy equal the ledger's
     assert r["state"].method == "census"
     assert r["state"].as_ledger() == predicted
-    # Peak memory covers at least the state (plus activations and temporaries); the census's
-    # peak also sees what MemTracker cannot (the batch), and attributes every byte of it.
-    assert r["peak"].peak >= r["state"].total
-    assert r["peak"].allocated >= r["peak"].peak
+    # Peak memory covers at least the state (plus activations and temporaries), by both
+    # measures, and the census attributes every byte of its peak. The two peaks are not ordered:
+    # the census also sees the batch, MemTracker may still hold an output that gloo's worker
+    # thread lets go of late (it differed by 2 548 B one run in four under load).
+    assert r["peak"].peak >= r["state"].total and r["peak"].allocated >= r["state"].total
     assert sum(r["peak"].parts.values()) == r["peak"].allocated
 
 
