@@ -13,8 +13,9 @@ Items, on N ranks (2 on the CPU):
 * ``defines``: the file loads and defines both names;
 * ``zero1_weights``: ``ShardedOptimizer(params, Adam)`` on averaged gradients gives plain Adam's
   weights after ``STEPS`` steps, on every rank (``TOL``);
-* ``zero1_state``: each rank's optimizer state is at most ``total / N + the largest parameter's``
-  (the greedy partition's bound), and the ranks' states add up to plain Adam's (each parameter's
+* ``zero1_state``: each rank's optimizer state is at most what the heaviest rank of the greedy
+  partition holds (``greedy_loads``; the looser T/N + p_max let a split in parameter order pass),
+  and the ranks' states add up to plain Adam's (each parameter's
   state lives on exactly one rank);
 * ``fsdp_weights``: ``fully_shard_scratch`` on ``lab_e.units`` gives FSDP2's weights on the same
   units after ``STEPS`` steps (``TOL``);
