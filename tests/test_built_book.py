@@ -466,7 +466,7 @@ def test_every_page_opens_with_its_reading_and_running_time(html):
         text = page.read_text(encoding="utf-8")
         stamp = re.search(r'<p class="dpbook-stamp">([^<]*)</p>', text)
         assert stamp, f"{page}: thiếu dòng thời gian đọc"
-        words = reading.measure_html(text).shown
+        words = reading.measure_html(reading.parsed(page)).shown
         assert stamp.group(1).startswith(reading.stamp(words, None)), (page, stamp.group(1))
         if (html / "_sources" / page.relative_to(html).with_suffix(".ipynb")).exists():
             assert "chạy các ô mã khoảng" in stamp.group(1), (page, stamp.group(1))
@@ -479,6 +479,6 @@ def test_prose_numbers_come_from_the_runs_or_cite_a_source(html):
     from dpbook.tools import reading
 
     found = [f"{page.relative_to(html)}: {n}" for page in reading.chapter_pages(html)
-             for n in reading.unglued_numbers(page.read_text(encoding="utf-8"))]
+             for n in reading.unglued_numbers(reading.parsed(page))]
     assert not found, f"{len(found)} số trong lời văn không glue, không dẫn nguồn:\n" + \
         "\n".join(found[:80])
