@@ -168,14 +168,9 @@ def _two_node_run(tmp_path, name, during=None, max_restarts=1):
     return ckpt, out, results
 
 
-@pytest.mark.distributed
-def test_two_nodes_survive_a_killed_worker_while_the_other_is_blocked(tmp_path, uninterrupted):
-    """Issue 26: on a 2-node job, after the first checkpoint rank 0's worker is blocked
-    (SIGSTOP: alive, so healthy to its agent, as a rank waiting in an NCCL collective) and rank
-    1's worker is killed. Agent 1 restarts after a failure (its TORCHELASTIC_RESTART_COUNT
-    becomes 1), agent 0 after a membership change (its count stays 0); the new workers must
-    still form one group, resume from the checkpoint rank 0 chose, and end bit for bit where an
-    uninterrupted run ends."""
+def _crash(tmp_path):
+    """The SIGSTOP/SIGKILL run of the first two-node test (most of it is waiting: torchrun gives
+    the stopped worker 30 s to answer SIGTERM), for ``two_node_runs``."""
     import os
     import signal
 
@@ -192,6 +187,32 @@ def test_two_nodes_survive_a_killed_worker_while_the_other_is_blocked(tmp_path, 
         done.append((rank0, rank1))
 
     ckpt, out, results = _two_node_run(tmp_path, "crash", during=fault)
+    return done, results, out
+
+
+@pytest.fixture(scope="module")
+def two_node_runs(tmp_path_factory):
+    """Both two-node scenarios at once, each in its own thread: they spend most of their time
+    waiting on torchrun (a shutdown grace, a rendezvous's last call), so together they take
+    about as long as the longer one (one xdist worker held 68 s for the two in a row)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        crash = pool.submit(_crash, tmp_path_factory.mktemp("crash"))
+        elastic = pool.submit(_elastic, tmp_path_factory.mktemp("elastic"))
+        return {"crash": crash.result(), "elastic": elastic.result()}
+
+
+@pytest.mark.distributed
+def test_two_nodes_survive_a_killed_worker_while_the_other_is_blocked(two_node_runs,
+                                                                       uninterrupted):
+    """Issue 26: on a 2-node job, after the first checkpoint rank 0's worker is blocked
+    (SIGSTOP: alive, so healthy to its agent, as a rank waiting in an NCCL collective) and rank
+    1's worker is killed. Agent 1 restarts after a failure (its TORCHELASTIC_RESTART_COUNT
+    becomes 1), agent 0 after a membership change (its count stays 0); the new workers must
+    still form one group, resume from the checkpoint rank 0 chose, and end bit for bit where an
+    uninterrupted run ends."""
+    done, results, out = two_node_runs["crash"]
     detail = "\n".join(f"--- agent {r.node_rank} (mã thoát {r.returncode}) ---\n{r.output[-3000:]}"
                        for r in results)
     assert done, detail  # the fault was injected
@@ -205,14 +226,8 @@ def test_two_nodes_survive_a_killed_worker_while_the_other_is_blocked(tmp_path, 
     assert all(torch.equal(state[k], expected["state"][k]) for k in state)
 
 
-@pytest.mark.distributed
-def test_an_elastic_job_loses_a_whole_node_and_goes_on_with_the_other(tmp_path, uninterrupted):
-    """Issue 26, item 2: ``--nnodes=1:2``, two agents (emulated nodes, one worker each). After
-    the first checkpoint the agent of rank 1 dies with its worker (a node lost), and the worker of
-    rank 0 fails (as its next collective would). With one restart left, the surviving agent meets
-    alone (one node is enough: ``1:2``), its new worker resumes from the checkpoint rank 0 picks,
-    now with world size 1, and the job ends with the weights of an uninterrupted run (the data of
-    a step does not depend on the world size: ``resume.batch_indices``)."""
+def _elastic(tmp_path):
+    """The run of the elastic test (``--nnodes=1:2``, a whole node lost), for ``two_node_runs``."""
     import os
     import signal
     import sys
@@ -251,6 +266,21 @@ def test_an_elastic_job_loses_a_whole_node_and_goes_on_with_the_other(tmp_path, 
         [agent(1, 5), agent(0, 5)], timeout=120, during=fault,
         env={**torchrun.BACKEND_ENV["gloo"], resume.HOLD_VAR: 60,
              "DPBOOK_TEST_PG_TIMEOUT_S": 20})
+    return done, results, out
+
+
+@pytest.mark.distributed
+def test_an_elastic_job_loses_a_whole_node_and_goes_on_with_the_other(two_node_runs,
+                                                                   uninterrupted):
+    """Issue 26, item 2: ``--nnodes=1:2``, two agents (emulated nodes, one worker each). After
+    the first checkpoint the agent of rank 1 dies with its worker (a node lost), and the worker of
+    rank 0 fails (as its next collective would). With one restart left, the surviving agent meets
+    alone (one node is enough: ``1:2``), its new worker resumes from the checkpoint rank 0 picks,
+    now with world size 1, and the job ends with the weights of an uninterrupted run (the data of
+    a step does not depend on the world size: ``resume.batch_indices``)."""
+    import signal
+
+    done, results, out = two_node_runs["elastic"]
     detail = "\n".join(f"--- agent {r.node_rank} (mã thoát {r.returncode}) ---\n{r.output[-3000:]}"
                        for r in results)
     assert done, detail
