@@ -177,14 +177,18 @@ def test_the_readmes_memcheck_commands_run_as_printed(root, tmp_path):
     lines = [line for line in readme.splitlines() if line.startswith(".venv/bin/python -m dpbook.memcheck")]
     assert len(lines) == 2
     (tmp_path / "_build" / "runs").mkdir(parents=True)
-    outs = []
-    for line in lines:
+    procs = []
+    for line in lines:  # both at once: each is mostly a Python start and a launch
         argv = shlex.split(line)
         argv[0] = sys.executable
-        proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "PYTHONPATH": str(root / "code")})
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        outs.append(proc.stdout)
+        procs.append(subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True,
+                                      env={**os.environ, "PYTHONPATH": str(root / "code")}))
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out + err
+        outs.append(out)
     assert "[bucket_copy]" in outs[0] and "[bucket_copy]" not in outs[1]
     data = json.loads((tmp_path / "_build" / "runs" / "memcheck.json").read_text(encoding="utf-8"))
     assert data["strategy"] == "ddp-view" and all(r["measured"]["buffers"] == 0
