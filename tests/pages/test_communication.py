@@ -98,7 +98,9 @@ def test_primitives_tour_on_two_ranks():
         assert ring["received"] == communication.rank_tensor((r - 1) % n, 3).tolist()
         assert ring["to"] == (r + 1) % n and ring["from"] == (r - 1) % n
         a = res["async"]
-        assert a["correct"] and a["launch"] < a["comm"] + a["compute"]
+        # the call returns before the collective is done, shown without a clock (the other
+        # ranks join only once rank 0 has looked); a timing comparison failed under load
+        assert a["correct"] and a["returned_before_done"] is (True if r == 0 else None)
         assert a["nbytes"] == 4 * 2_000_000
         assert sorted(res["init"]) == sorted(communication.INIT_METHODS)
         for info in res["init"].values():

@@ -181,7 +181,29 @@ def async_overlap(rank: int, world_size: int, numel: int = 2_000_000, matmul: in
     expected = world_size * (world_size + 1) / 2
     return {"comm": t_comm, "compute": t_compute, "both": t_both, "launch": t_launch,
             "done_at_launch": done_at_launch, "nbytes": buf.numel() * buf.element_size(),
-            "correct": bool((buf == expected).all())}
+            "correct": bool((buf == expected).all()),
+            "returned_before_done": _returns_before_done(rank, dev)}
+
+
+def _returns_before_done(rank: int, dev) -> bool | None:
+    """Without a clock: rank 0 launches an asynchronous AllReduce while the other ranks wait for
+    its word through the store, so the collective cannot have finished when the call returns;
+    rank 0 reports ``not work.is_completed()`` (the others ``None``)."""
+    store = dist.distributed_c10d._get_default_store()
+    probe = torch.ones(4, device=dev)
+    result = None
+    if rank == 0:
+        work = dist.all_reduce(probe, async_op=True)
+        result = not work.is_completed()
+        store.set("dpbook_async_probe", "1")
+        work.wait()
+    else:
+        store.wait(["dpbook_async_probe"])
+        dist.all_reduce(probe)
+    dist.barrier()
+    if rank == 0:
+        store.delete_key("dpbook_async_probe")
+    return result
 
 
 def _share(obj, src: int = 0):
