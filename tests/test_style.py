@@ -60,6 +60,10 @@ BANNED = [
     ("build", r"\bbuild\b", "dựng sách"),
     ("lỗi chí mạng", r"lỗi chí mạng", "nhược điểm (chỉ giữ khi trích nguyên dàn ý, trong “…”)"),
     ("unit", r"(?<!\()\bunits?\b", "đơn vị (FSDP); chú thích \"(unit)\" khi cần"),
+    # the editor's review, §5 (issue 29): one name for one thing
+    ("lượt lan truyền ngược", r"lượt lan truyền ngược", "lượt truyền ngược (lan truyền ngược)"),
+    ("global batch", r"(?<!`)\bglobal batch\b", "batch toàn cục"),
+    ("tác tử", r"tác tử", "agent (của torchrun)"),
 ]
 PROSE_ONLY = [
     ("widget", r"\bwidgets?\b", "hình động, công cụ tính (widget chỉ dùng cho mã ipywidgets)"),

@@ -279,7 +279,7 @@ def loss_figure(runs: dict, names=None):
         ax.semilogy(range(1, len(runs[name]["losses"]) + 1), runs[name]["losses"],
                     color=style.series_colour(i), lw=2.2, ls=styles[i % len(styles)], label=name)
     ax.set_xlabel("bước")
-    ax.set_ylabel("giá trị mất mát (MSE, cả global batch)")
+    ax.set_ylabel("giá trị mất mát (MSE, cả batch toàn cục)")
     ax.set_title("Cùng mô hình, cùng dữ liệu, năm cách gửi gradient")
     ax.legend(fontsize=10)
     ax.grid(alpha=0.3)

@@ -45,7 +45,7 @@ MUTANTS = {
     "full_batch_per_rank": Mutant(slip(
         "batch_size=BATCH_SIZE // world_size, sampler=sampler)",
         "batch_size=BATCH_SIZE, sampler=sampler)  # SAI",
-        "Mỗi rank dùng batch BATCH_SIZE thay vì BATCH_SIZE // world_size (global batch gấp N): dữ "
+        "Mỗi rank dùng batch BATCH_SIZE thay vì BATCH_SIZE // world_size (batch toàn cục gấp N): dữ "
         "liệu chia đúng nhưng trọng số khác; mục `weights` phải bắt (gợi ý nêu BATCH_SIZE // "
         "world_size), `loss` là hệ quả."),
         ("weights", "loss"), "BATCH_SIZE // world_size"),
