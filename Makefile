@@ -93,8 +93,13 @@ browser:
 # Two runs: first every test and every notebook (nbval), whose runs fill the book's execution
 # cache (dpbook.tools.nbval_cache); then the whole-book build and the browser tests, which use
 # that cache instead of executing every notebook a second time.
+# The slowest files first (pytest collects in the order given and drops the repeats): xdist hands
+# out files as workers free up, and a minute-long file handed out last kept one worker busy
+# alone at the end.
+SLOW_FIRST := tests/scripts/test_resume.py tests/scripts/test_commands.py tests/labs/test_mutants.py
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax -m "not builds_book" --durations=10
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax -m "not builds_book" --durations=10 \
+	  $(SLOW_FIRST) tests book
 	$(BIN)/python -m pytest -m builds_book tests/test_built_book.py tests/test_built_book_print.py
 
 # Not part of `make test`: the launcher's speed against torch.multiprocessing.spawn, 200
