@@ -8,13 +8,20 @@ import re
 import json
 
 
-def _asserted_parts(source: str):
+def _parse(source: str):
+    """``(text, tree)`` of a code cell, or ``(text, None)`` if it is not Python."""
     # IPython magics and shell lines are not Python: blank them, keeping line numbers
     lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
     text = "\n".join(lines)
     try:
-        tree = ast.parse(text)
+        return text, ast.parse(text)
     except SyntaxError:
+        return text, None
+
+
+def _asserted_parts(source: str):
+    text, tree = _parse(source)
+    if tree is None:
         return
     for node in ast.walk(tree):
         if isinstance(node, ast.Assert):
@@ -72,11 +79,8 @@ MODE = re.compile(r"backend|mode|gloo|nccl|cuda|device|gpu|GPU|ON_CPU|on_cpu", r
 
 
 def _cpu_only_asserts(source: str):
-    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
-    text = "\n".join(lines)
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
+    text, tree = _parse(source)
+    if tree is None:
         return
 
     def visit(node, branched):
