@@ -51,18 +51,20 @@ def test_the_lint_finds_what_it_should():
                      "x == x": "so một biểu thức với chính nó", "g(x) == 2 * x": None}
 
 
-def test_no_page_assert_cannot_fail(root):
-    bad = []
+def _code_cells(root):
+    """``(where, source)`` of every code cell of the book's notebooks."""
     for path in sorted((root / "book").rglob("*.ipynb")):
         if ".ipynb_checkpoints" in path.parts:
             continue
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
         for index, cell in enumerate(cells):
-            if cell["cell_type"] != "code":
-                continue
-            for part, segment in _asserted_parts("".join(cell["source"])):
-                if why := _cannot_fail(part):
-                    bad.append(f"{path.relative_to(root)} ô {index}: assert {segment} ({why})")
+            if cell["cell_type"] == "code":
+                yield f"{path.relative_to(root)} ô {index}", "".join(cell["source"])
+
+
+def test_no_page_assert_cannot_fail(root):
+    bad = [f"{where}: assert {segment} ({why})" for where, source in _code_cells(root)
+           for part, segment in _asserted_parts(source) if (why := _cannot_fail(part))]
     assert bad == [], "assert không thể sai:\n" + "\n".join(bad)
 
 
@@ -119,13 +121,6 @@ def test_the_backend_lint_finds_what_it_should():
 def test_page_asserts_hold_on_both_backends_or_branch_on_the_mode(root):
     """The review's rule (gpu-path-review, issue 28): an assert that reads a quantity only a CPU
     run has either branches on the mode the page picked or names it."""
-    bad = []
-    for path in sorted((root / "book").rglob("*.ipynb")):
-        if ".ipynb_checkpoints" in path.parts:
-            continue
-        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-        for index, cell in enumerate(cells):
-            if cell["cell_type"] == "code":
-                bad += [f"{path.relative_to(root)} ô {index}: {a}"
-                        for a in _cpu_only_asserts("".join(cell["source"]))]
+    bad = [f"{where}: {a}" for where, source in _code_cells(root)
+           for a in _cpu_only_asserts(source)]
     assert bad == [], "assert chỉ đúng trên CPU, không rẽ nhánh theo chế độ:\n" + "\n".join(bad)
