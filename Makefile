@@ -92,7 +92,8 @@ browser:
 
 # Two runs: first every test and every notebook (nbval), whose runs fill the book's execution
 # cache (dpbook.tools.nbval_cache); then the whole-book build and the browser tests, which use
-# that cache instead of executing every notebook a second time.
+# that cache instead of executing every notebook a second time; its workers share one build
+# (the `built` fixture) and the PDF's print, the longest test, is handed out first.
 # The slowest files first (pytest collects in the order given and drops the repeats): xdist hands
 # out files as workers free up, and a minute-long file handed out last kept one worker busy
 # alone at the end.
@@ -100,7 +101,8 @@ SLOW_FIRST := tests/scripts/test_resume.py tests/scripts/test_commands.py tests/
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax -m "not builds_book" --durations=10 \
 	  $(SLOW_FIRST) tests book
-	$(BIN)/python -m pytest -m builds_book tests/test_built_book.py tests/test_built_book_print.py
+	$(BIN)/python -m pytest -n $(JOBS) --dist load -m builds_book --durations=5 \
+	  tests/test_built_book_print.py tests/test_built_book.py
 
 # Not part of `make test`: the launcher's speed against torch.multiprocessing.spawn, 200
 # launches in 2 concurrent streams (must print 0 failures), and the gloo race the launcher avoids.

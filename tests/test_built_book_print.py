@@ -135,14 +135,16 @@ PRINTED = ["book/ch04/p1/05-ring-allreduce", "book/ch04/p1/08-chon-ddp-hay-fsdp"
 
 
 @NEEDS_CHROMIUM
-def test_make_pdf_prints_the_book(built, root, tmp_path):
+def test_make_pdf_prints_the_book(root, tmp_path):
     """``make pdf``'s one-page book holds every page's title; its two printed editions: headings
     with their diacritics, formulas typeset (no TeX left), every frame of an animation, the
-    solutions in one edition only."""
+    solutions in one edition only. Built on its own, as `make pdf` on a fresh clone, alongside
+    the HTML build of the other tests."""
+    from conftest import book_config
     from dpbook.tools import pdf
 
-    out, cfg = built
-    index = pdf.build_single_html(root, cfg, out)
+    out = tmp_path / "book"
+    index = pdf.build_single_html(root, book_config(root, out), out)
     assert index.parent.name == "singlehtml" and index.name == "index.html"
     one_page = " ".join(unicodedata.normalize("NFC", re.sub(r"<[^>]+>", " ", index.read_text(
         encoding="utf-8"))).split())
@@ -150,7 +152,7 @@ def test_make_pdf_prints_the_book(built, root, tmp_path):
         assert _title(root, doc) in one_page, f"bản một trang thiếu trang {doc}"
     assert 'src="_static/mathjax/tex-chtml.js' in index.read_text(encoding="utf-8")
 
-    printed = {p.solutions: p for p in pdf.print_pdfs(index, tmp_path, PRINTED)}
+    printed = {p.solutions: p for p in pdf.print_pdfs(index, tmp_path / "pdf", PRINTED)}
     full, student = _pdf_text(printed[True].path), _pdf_text(printed[False].path)
     # only the pages asked for (the whole book prints to about 550 pages)
     assert 150 > printed[True].pages > printed[False].pages > 10
