@@ -47,6 +47,15 @@ class Mutant:
             return self.source.why
         return self.source.read_text(encoding="utf-8").split('"""')[1]
 
+    def verdict(self, result) -> str | None:
+        """None when ``result`` (a checker's report, with ``failed`` and ``item(key)``) fails
+        exactly ``items`` with ``hint`` in the first one's hint; otherwise what differs."""
+        if tuple(result.failed) != self.items:
+            return f"trượt {tuple(result.failed)}, cần {self.items}"
+        if self.hint not in result.item(self.items[0]).hint:
+            return f"gợi ý của mục {self.items[0]!r} không nhắc {self.hint!r}"
+        return None
+
     def file(self, directory: Path, name: str) -> Path:
         """The file a checker runs: ``source`` itself, or the edited reference written to
         ``directory/name.py``."""
