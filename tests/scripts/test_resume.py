@@ -260,14 +260,15 @@ def _elastic(tmp_path):
 
     def agent(is_host: int, last_call_s: int) -> list[str]:
         # test only: agent 0 hosts the rendezvous store (the one killed must not); a round with
-        # fewer than 2 nodes has a short last call, and a node is dead after 3 missed 1 s
+        # fewer than 2 nodes has a short last call, and a node is dead after 3 missed 2 s
         # heartbeats instead of 3 missed 5 s ones (dynamic_rendezvous.create_handler's defaults,
-        # which kept the survivor waiting 15 s for the dead node)
+        # which kept the survivor waiting 15 s for the dead node); 2 s, not 1, so that a live
+        # agent slowed down by a loaded machine is not taken for dead
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2",
                 "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
                 "--rdzv_id=elastic", "--max_restarts=1",
                 f"--rdzv_conf=is_host={is_host},last_call_timeout={last_call_s},"
-                "keep_alive_interval=1,keep_alive_max_attempt=3",
+                "keep_alive_interval=2,keep_alive_max_attempt=3",
                 "-m", "dpbook.scripts.resume", "--ckpt-dir", str(ckpt), "--out", str(out),
                 "--steps", "12", "--ckpt-every", "4"]
 
