@@ -33,10 +33,10 @@ def book_config(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
 # The book built once for the session's built-book tests (tests/test_built_book*.py), shared by
 # the xdist workers of one run: the first to get the lock builds, the others wait and read it.
 @pytest.fixture(scope="session")
-def built(root, tmp_path_factory, worker_id) -> tuple[pathlib.Path, pathlib.Path]:
+def built(root, tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path]:
     """The book built as HTML into a fresh folder: (that folder, the config it was built with)."""
     base = tmp_path_factory.getbasetemp()
-    if worker_id != "master":
+    if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent  # the run's own folder, above each worker's
     out = base / "book"
     cfg = out / "_config.yml"
