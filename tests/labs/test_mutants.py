@@ -28,7 +28,8 @@ from dpbook.labs.lab_e.mutants import MUTANTS as E_MUTANTS, VALID as E_VALID
 
 def assert_caught(result, mutant):
     """✗ on exactly ``mutant.items``, and the first of them names the cause."""
-    assert mutant.verdict(result) is None, f"{mutant.verdict(result)}\n{result}"
+    wrong = mutant.verdict(result)
+    assert wrong is None, f"{wrong}\n{result}"
 
 
 # Lab A's own broken scripts run in the lab's page (bai-a-ddp.ipynb), whose hidden cells hold
