@@ -69,6 +69,14 @@ def _socket_fds():
             yield int(name), target
 
 
+_CONSISTENT_READS = 100
+
+
+def _out_queue(sock: socket.socket) -> int:
+    """Bytes written to ``sock`` that the peer has not acknowledged yet (SIOCOUTQ)."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+
+
 def _connection(fd: int, skip_ports: set[int]) -> tuple[int, int, int] | None:
     """``(bytes acknowledged by the peer, bytes written but not yet acknowledged (SIOCOUTQ),
     bytes received)`` of the TCP connection behind ``fd``, or None when it is not one to count
@@ -91,7 +99,15 @@ def _connection(fd: int, skip_ports: set[int]) -> tuple[int, int, int] | None:
                 return None
             if {sock.getsockname()[1], sock.getpeername()[1]} & skip_ports:
                 return None
-            queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+            # acknowledged + queued is every byte written only when both are read at one
+            # moment: an ACK landing between the two reads leaves its bytes out of both (a
+            # 48-byte message of the previous step then counted in this one, once in CI). The
+            # queue read on both sides of TCP_INFO and equal: no ACK landed in between.
+            for _ in range(_CONSISTENT_READS):
+                queued = _out_queue(sock)
+                info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+                if _out_queue(sock) == queued:
+                    break
         except OSError:
             return None
     acked, received = struct.unpack_from("QQ", info, TCPI_BYTES_ACKED)
