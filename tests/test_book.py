@@ -1,11 +1,12 @@
 """The book's rules: NFC text, notebooks without outputs, every page in the TOC."""
 
-import json
 import pathlib
 import re
 import unicodedata
 
 import yaml
+
+import book_sources
 
 BOOK_SUFFIXES = {".md", ".ipynb", ".bib", ".yml"}
 
@@ -27,7 +28,7 @@ def test_no_control_character_in_a_page_source(root):
     as "\approx" in a Python string became BEL + "pprox", a MathJax error on the page."""
     for path in _book_files(root):
         if path.suffix == ".ipynb":
-            texts = ["".join(c["source"]) for c in json.loads(path.read_text("utf-8"))["cells"]]
+            texts = [c.source for c in book_sources.cells(path)]
         else:
             texts = [path.read_text("utf-8")]
         for text in texts:
@@ -37,11 +38,9 @@ def test_no_control_character_in_a_page_source(root):
 
 
 def test_notebooks_are_committed_without_outputs(root):
-    for nb in (root / "book").rglob("*.ipynb"):
-        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
-        for cell in cells:
-            if cell["cell_type"] == "code":
-                assert not cell.get("outputs") and cell.get("execution_count") is None, nb
+    for nb in book_sources.pages((".ipynb",)):
+        for cell in book_sources.cells(nb, "code"):
+            assert not cell.stored.get("outputs") and cell.stored.get("execution_count") is None, nb
 
 
 def _toc_files(node):

@@ -3,11 +3,12 @@ expert reads in ``../shared/reviews/audit-*.md``, searched in every page's prose
 and .md pages, NFC, whitespace folded). Each pattern is the wrong claim's own wording, loose
 enough to catch it reworded a little; the correct statements are asserted by runs on the pages."""
 
-import json
 import re
 import unicodedata
 
 import pytest
+
+import book_sources
 
 # (report and item, what was wrong, pattern of the wrong statement)
 WRONG = [
@@ -41,16 +42,9 @@ WRONG = [
 
 
 def _prose(root):
-    for path in sorted((root / "book").rglob("*")):
-        if ".ipynb_checkpoints" in path.parts:
-            continue
-        if path.suffix == ".ipynb":
-            cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-            texts = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
-        elif path.suffix == ".md":
-            texts = [path.read_text(encoding="utf-8")]
-        else:
-            continue
+    for path in book_sources.pages():
+        texts = ([path.read_text(encoding="utf-8")] if path.suffix == ".md" else
+                 [c.source for c in book_sources.cells(path, "markdown")])
         for i, text in enumerate(texts):
             yield f"{path.relative_to(root)} #{i}", " ".join(
                 unicodedata.normalize("NFC", text).split())

@@ -14,9 +14,9 @@ is gone with the last of them, so any violation now fails.
 from __future__ import annotations
 
 import ast
-import json
 import pathlib
 
+import book_sources
 from test_style import cell_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -161,10 +161,8 @@ def _notebook_imports(path: pathlib.Path, package: set[str]) -> tuple[set[str], 
     """The package modules a notebook imports (``from dpbook.x import name`` counts ``x``
     unless ``name`` is itself a module) and the aliases it gives them."""
     mods, aliases = set(), []
-    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
-        if cell["cell_type"] != "code":
-            continue
-        for node in ast.walk(ast.parse(cell_python("".join(cell["source"])))):
+    for cell in book_sources.cells(path, "code"):
+        for node in ast.walk(ast.parse(cell_python(cell.source))):
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "dpbook":
                 for a in node.names:
                     full = f"{node.module}.{a.name}"
@@ -182,7 +180,7 @@ def _notebook_imports(path: pathlib.Path, package: set[str]) -> tuple[set[str], 
 
 def page_problems(package: set[str]) -> list[str]:
     out = []
-    for nb in sorted((ROOT / "book").rglob("*.ipynb")):
+    for nb in book_sources.pages((".ipynb",)):
         page = nb.relative_to(ROOT / "book").as_posix()
         mods, aliases = _notebook_imports(nb, package)
         out += [f"alias: {page} imports {a}" for a in aliases]

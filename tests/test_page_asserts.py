@@ -5,7 +5,8 @@ an ``assert a and b`` is judged on its own."""
 
 import ast
 import re
-import json
+
+import book_sources
 
 
 def _parse(source: str):
@@ -53,13 +54,9 @@ def test_the_lint_finds_what_it_should():
 
 def _code_cells(root):
     """``(where, source)`` of every code cell of the book's notebooks."""
-    for path in sorted((root / "book").rglob("*.ipynb")):
-        if ".ipynb_checkpoints" in path.parts:
-            continue
-        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-        for index, cell in enumerate(cells):
-            if cell["cell_type"] == "code":
-                yield f"{path.relative_to(root)} ô {index}", "".join(cell["source"])
+    for path in book_sources.pages((".ipynb",)):
+        for cell in book_sources.cells(path, "code"):
+            yield f"{path.relative_to(root)} ô {cell.index}", cell.source
 
 
 def test_no_page_assert_cannot_fail(root):

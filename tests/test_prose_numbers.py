@@ -3,7 +3,6 @@ other pages: the formulas and ratios they name, the one list of DataParallel's w
 notation table, the reading path and the table of contents. The openers orient: the tests also
 hold them to linking a topic's home instead of deriving it again (the editor's review, §3.5)."""
 
-import json
 import re
 import unicodedata
 
@@ -13,6 +12,8 @@ import yaml
 from dpbook import costs, memory
 from dpbook.pages import dataparallel
 from dpbook.tools import reading
+
+import book_sources
 
 CH04 = ("book", "ch04")
 
@@ -94,8 +95,7 @@ def test_one_list_of_dataparallel_weaknesses(root, chapter, p1):
     words = dataparallel.WEAKNESSES
     assert len(words) == 6
     section = root.joinpath(*CH04, "p1", "02-dataparallel.ipynb")
-    cells = json.loads(section.read_text(encoding="utf-8"))["cells"]
-    page = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    page = book_sources.markdown(section)
     for w in words:
         assert w.lower() in _flat(page).lower(), w
     for text, link in ((chapter, "p1/02-dataparallel.ipynb"), (p1, "02-dataparallel.ipynb")):
@@ -135,8 +135,7 @@ def test_openers_link_each_topic_to_its_home(chapter, p1, p2, intro):
 
 
 def test_environment_page_is_home_of_kaggle_and_the_launcher(root):
-    cells = json.loads(_read(root, *CH04, "moi-truong.ipynb"))["cells"]
-    prose = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    prose = book_sources.markdown(root.joinpath(*CH04, "moi-truong.ipynb"))
     kaggle = prose[prose.index("Đọc thêm: chạy chương trên Kaggle"):]
     assert "GPU T4 x2" in kaggle and "dpbook.doctor" in kaggle
     launcher = prose[prose.index("Đọc thêm: bộ khởi động của sách"):]
@@ -241,13 +240,6 @@ EVENINGS = {
 OPENING = ("", "Bạn sẽ học gì", "Cần biết trước")
 
 
-def _page_markdown(path):
-    if path.suffix == ".md":
-        return path.read_text(encoding="utf-8")
-    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-
-
 def _sections(text):
     """{level-2 heading (its text; "" for the opening): its lines}, headings inside fenced blocks
     (code, admonitions) left alone."""
@@ -304,7 +296,7 @@ def _evening_words(root, pages):
     here = root.joinpath(*CH04)
     total = 0
     for page, named in pages.items():
-        sections = _sections(_page_markdown(here / page))
+        sections = _sections(book_sources.markdown(here / page))
         for title, lines in sections.items():
             if named is None or any(title.startswith(t) for t in OPENING[1:]) or title == "" \
                     or any(title.startswith(n) for n in named):
@@ -322,7 +314,7 @@ def test_two_evening_path_names_real_sections_and_its_reading_time(root, path_pa
         r"^\| \[[^\]]+\]\(([^)]+)\) \| ([^|]*)\|", path_page, flags=re.M)}
     for evening, pages in EVENINGS.items():
         for page, named in pages.items():
-            titles = list(_sections(_page_markdown(here / page)))
+            titles = list(_sections(book_sources.markdown(here / page)))
             cell = rows[page]
             quoted = re.findall(r"\"([^\"]+)\"", cell)
             if named is None:

@@ -17,12 +17,13 @@ The built pages' outputs are checked again in ``test_built_book.py``.
 from __future__ import annotations
 
 import ast
-import json
 import pathlib
 import re
 import sys
 
 import pytest
+
+import book_sources
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
@@ -125,21 +126,16 @@ def _without_code(text: str) -> str:
     return re.sub(r"^\s*:[a-z_-]+:.*$", " ", _inline(text), flags=re.M)  # directive options
 
 
-def _pages():
-    return sorted(p for p in BOOK.rglob("*") if p.suffix in (".md", ".ipynb"))
-
-
 def prose() -> list[tuple[str, str]]:
     """``(where, text)`` of every page's prose, code removed."""
     out = []
-    for page in _pages():
+    for page in book_sources.pages():
         name = page.relative_to(BOOK).as_posix()
         if page.suffix == ".md":
             out.append((name, _without_code(page.read_text(encoding="utf-8"))))
             continue
-        for i, cell in enumerate(json.loads(page.read_text(encoding="utf-8"))["cells"]):
-            if cell["cell_type"] == "markdown":
-                out.append((f"{name}, ô {i}", _without_code("".join(cell["source"]))))
+        for cell in book_sources.cells(page, "markdown"):
+            out.append((f"{name}, ô {cell.index}", _without_code(cell.source)))
     return out
 
 
@@ -156,13 +152,11 @@ def cell_python(source: str) -> str:
 
 
 def _code_cells():
-    for page in _pages():
-        if page.suffix != ".ipynb":
-            continue
+    for page in book_sources.pages((".ipynb",)):
         name = page.relative_to(BOOK).as_posix()
-        for i, cell in enumerate(json.loads(page.read_text(encoding="utf-8"))["cells"]):
-            if cell["cell_type"] == "code" and "remove-cell" not in cell["metadata"].get("tags", []):
-                yield f"{name}, ô {i}", ast.parse(cell_python("".join(cell["source"])))
+        for cell in book_sources.cells(page, "code"):
+            if "remove-cell" not in cell.tags:
+                yield f"{name}, ô {cell.index}", ast.parse(cell_python(cell.source))
 
 
 def _sources():

@@ -7,7 +7,6 @@ Labs D and E check every file of their library in one ``check_files`` call (one 
 lab A runs ``torchrun`` once per script (about 9 s each on two cores).
 """
 
-import json
 import pathlib
 
 import pytest
@@ -24,6 +23,8 @@ from dpbook.labs.lab_d.mutants import HANGING, MUTANTS as D_MUTANTS
 from dpbook.labs.lab_e import SOLUTION as E_SOLUTION
 from dpbook.labs.lab_e import checker as checker_e
 from dpbook.labs.lab_e.mutants import MUTANTS as E_MUTANTS, VALID as E_VALID
+
+import book_sources
 
 
 def assert_caught(result, mutant):
@@ -103,8 +104,7 @@ def test_lab_e_mutant_is_caught(lab_e_results, name):
 
 
 def test_lab_a_page_holds_its_broken_scripts_to_the_library():
-    code = "\n".join("".join(c["source"]) for c in json.loads(A_PAGE.read_text(encoding="utf-8"))
-                     ["cells"] if c["cell_type"] == "code")
+    code = "\n".join(c.source for c in book_sources.cells(A_PAGE, "code"))
     assert sorted(A_IN_PAGE) == sorted(BROKEN_A)
     for name in A_IN_PAGE:
         assert f'checker.check(BROKEN["{name}"])' in code, name

@@ -7,7 +7,6 @@ monkeypatch does not cross into the processes ``launch.spawn`` starts.
 """
 
 import ast
-import json
 import math
 import pathlib
 
@@ -20,6 +19,8 @@ from dpbook.labs import compare
 from dpbook.scripts import ddp_script
 from dpbook.pages import fsdp_in_full
 from dpbook.models import build_mlp
+
+import book_sources
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 T4, H100 = (7, 5), (9, 0)  # compute capabilities: no native bf16, native bf16
@@ -145,9 +146,8 @@ def test_measuring_configurations_on_cpu_does_not_empty_the_cuda_cache(gloo_rank
 # ------------------------------------- 3. section 4.2.1: per-rank benchmark results under NCCL
 
 def _code_cell(notebook: str, marker: str) -> str:
-    cells = json.loads((ROOT / notebook).read_text(encoding="utf-8"))["cells"]
-    (source,) = ["".join(c["source"]) for c in cells
-                 if c["cell_type"] == "code" and marker in "".join(c["source"])]
+    (source,) = [c.source for c in book_sources.cells(ROOT / notebook, "code")
+                 if marker in c.source]
     return source
 
 
