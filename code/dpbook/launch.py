@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import ast
 import datetime
+import gc
 import multiprocessing.connection
 import os
 import pickle
@@ -439,6 +440,12 @@ def join_group(rank: int, world_size: int, backend: str, store_path: str, timeou
 
 
 def _child(rank, world_size, backend, store_path, timeout, output, q, env, fn, args, kwargs):
+    # What the rank inherits from the forkserver (torch and the preloaded modules, about 290 000
+    # objects) is never garbage: frozen, the collector stops walking it, and each gc.collect()
+    # that frees FSDP's reference cycles between runs (labs B, C, E) costs next to nothing
+    # instead of 0.16 s (0.4 s with 4 ranks on 2 cores), without touching, hence copying, the
+    # pages shared with the forkserver.
+    gc.freeze()
     _guard_against_orphans()
     _capture_native_output(_native_log(store_path, rank))
     _prctl(15, f"{RANK_NAME}{rank}".encode())  # 15 = PR_SET_NAME: ranks are easy to find
