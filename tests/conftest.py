@@ -1,4 +1,5 @@
 import fcntl
+import gc
 import os
 import pathlib
 import subprocess
@@ -10,6 +11,14 @@ import yaml
 from dpbook.tools import execution_cache
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_finish(session):
+    """What collection imported (torch, the package, the test modules: about 350 000 objects)
+    lives as long as the run: frozen, the collector's full passes walk only what the tests
+    create. Over tests/formulas, tests/pages and two measurement files: 15 full passes took
+    4.5 s, now 2.3 s."""
+    gc.freeze()
 
 
 @pytest.fixture(scope="session")
