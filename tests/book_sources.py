@@ -39,8 +39,3 @@ def markdown(page: pathlib.Path) -> str:
     if page.suffix == ".md":
         return page.read_text(encoding="utf-8")
     return "\n\n".join(c.source for c in cells(page, "markdown"))
-
-
-def where(page: pathlib.Path) -> str:
-    """A page's path from the repository root, as failure messages name it."""
-    return page.relative_to(ROOT).as_posix()

@@ -8,12 +8,11 @@ import yaml
 
 import book_sources
 
-BOOK_SUFFIXES = {".md", ".ipynb", ".bib", ".yml"}
+BOOK_SUFFIXES = (".md", ".ipynb", ".bib", ".yml")
 
 
 def _book_files(root):
-    files = [p for p in (root / "book").rglob("*") if p.suffix in BOOK_SUFFIXES and p.is_file()]
-    return files + [root / "_config.yml", root / "_toc.yml"]
+    return book_sources.pages(BOOK_SUFFIXES) + [root / "_config.yml", root / "_toc.yml"]
 
 
 def test_text_is_nfc_utf8_without_cjk(root):
